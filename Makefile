@@ -1,0 +1,76 @@
+# gpufleet.reclaim developer entry points.  `make demo` and `make test` are the README's commands.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+ROOT := $(abspath .)
+VENV ?= $(ROOT)/.venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+# ansible-test needs the collection under ansible_collections/<ns>/<name>: we copy it there.
+COLL_ROOT := $(ROOT)/build/collections
+COLL := $(COLL_ROOT)/ansible_collections/gpufleet/reclaim
+SIM_BUILD := $(ROOT)/tests/sim/build
+CC ?= gcc
+CFLAGS ?= -O2 -Wall -Wextra -Werror=implicit-function-declaration
+
+.PHONY: all venv sim collection test sim-test sanity units integration fleet-test lint changelog-lint demo bench clean
+
+all: test
+
+$(VENV)/.stamp: tests/requirements-dev.txt
+	python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r tests/requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.stamp
+
+sim: $(SIM_BUILD)/libnvidia-ml.so.1 $(SIM_BUILD)/gpusim-workload
+
+$(SIM_BUILD)/libnvidia-ml.so.1: tests/sim/nvml_shim.c
+	mkdir -p $(SIM_BUILD)
+	$(CC) $(CFLAGS) -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o $@ $< -lm
+
+$(SIM_BUILD)/gpusim-workload: tests/sim/workload.c
+	mkdir -p $(SIM_BUILD)
+	$(CC) $(CFLAGS) -o $@ $<
+
+# Copy the tracked (and untracked, not ignored) files into the scratch collection tree.
+collection:
+	rm -rf $(COLL) && mkdir -p $(COLL)
+	git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do \
+	  [ -e "$$f" ] && { mkdir -p "$(COLL)/$$(dirname "$$f")"; cp -p "$$f" "$(COLL)/$$f"; } || true; done
+	cd $(COLL) && git init -q && git add -A >/dev/null
+
+test: venv sim sim-test sanity units integration fleet-test lint changelog-lint
+	@echo "make test: all suites passed"
+
+sim-test: venv sim
+	$(PY) -m pytest -q -p no:cacheprovider tests/sim/tests
+
+sanity: venv collection
+	$(PY) .ci/offline_get_pip.py
+	cd $(COLL) && PATH=$(BIN):$$PATH $(BIN)/ansible-test sanity --local --python 3.11 --color no
+
+units: venv collection sim
+	cd $(COLL) && PATH=$(BIN):$$PATH GPUFLEET_SIM_BUILD=$(SIM_BUILD) $(BIN)/ansible-test units --local --python 3.11 --color no
+
+integration: venv collection sim
+	cd $(COLL) && PATH=$(BIN):$$PATH GPUFLEET_SIM_BUILD=$(SIM_BUILD) $(BIN)/ansible-test integration --local --python 3.11 --color no --allow-destructive
+
+fleet-test: venv sim
+	PATH=$(BIN):$$PATH $(PY) -m pytest -q -p no:cacheprovider tests/fleet/tests
+
+lint: venv
+	PATH=$(BIN):$$PATH $(BIN)/ansible-lint --offline
+
+changelog-lint: venv
+	$(BIN)/antsibull-changelog lint
+
+demo: venv sim
+	PATH=$(BIN):$$PATH $(PY) tests/demo/run
+
+bench: venv sim
+	PATH=$(BIN):$$PATH $(PY) benchmarks/run
+
+clean:
+	rm -rf build $(SIM_BUILD) tests/output
