@@ -35,11 +35,13 @@ $(SIM_BUILD)/gpusim-workload: tests/sim/workload.c
 	$(CC) $(CFLAGS) -o $@ $<
 
 # Copy the tracked (and untracked, not ignored) files into the scratch collection tree.
-collection:
+collection: sim
 	rm -rf $(COLL) && mkdir -p $(COLL)
 	git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do \
 	  [ -e "$$f" ] && { mkdir -p "$(COLL)/$$(dirname "$$f")"; cp -p "$$f" "$(COLL)/$$f"; } || true; done
 	cd $(COLL) && git init -q && git add -A >/dev/null
+	# build outputs are git-ignored (so sanity skips them) but the simulator needs them at run time
+	cp -a $(SIM_BUILD) $(COLL)/tests/sim/build
 
 test: venv sim sim-test sanity units integration fleet-test lint changelog-lint
 	@echo "make test: all suites passed"
@@ -51,11 +53,11 @@ sanity: venv collection
 	$(PY) .ci/offline_get_pip.py
 	cd $(COLL) && PATH=$(BIN):$$PATH $(BIN)/ansible-test sanity --local --python 3.11 --color no
 
-units: venv collection sim
-	cd $(COLL) && PATH=$(BIN):$$PATH GPUFLEET_SIM_BUILD=$(SIM_BUILD) $(BIN)/ansible-test units --local --python 3.11 --color no
+units: venv collection
+	cd $(COLL) && PATH=$(BIN):$$PATH $(BIN)/ansible-test units --local --python 3.11 --color no
 
-integration: venv collection sim
-	cd $(COLL) && PATH=$(BIN):$$PATH GPUFLEET_SIM_BUILD=$(SIM_BUILD) $(BIN)/ansible-test integration --local --python 3.11 --color no --allow-destructive
+integration: venv collection
+	cd $(COLL) && PATH=$(BIN):$$PATH $(BIN)/ansible-test integration --local --python 3.11 --color no --allow-destructive
 
 fleet-test: venv sim
 	PATH=$(BIN):$$PATH $(PY) -m pytest -q -p no:cacheprovider tests/fleet/tests
@@ -66,7 +68,7 @@ lint: venv
 changelog-lint: venv
 	$(BIN)/antsibull-changelog lint
 
-demo: venv sim
+demo: venv
 	PATH=$(BIN):$$PATH $(PY) tests/demo/run
 
 bench: venv sim
