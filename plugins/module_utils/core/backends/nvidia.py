@@ -1,0 +1,321 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This file is part of the PRIVATE core of the gpufleet.reclaim collection. It can change at any time.
+"""NVIDIA backend over NVML through nvidia-ml-py (the ``pynvml`` module).
+
+Version differences handled here:
+
+* Memory: ``nvmlDeviceGetMemoryInfo_v2`` (driver >= 510) reports the driver/firmware reserve
+  separately and its ``used`` excludes it; older drivers only have v1 (FunctionNotFound), whose
+  ``used`` is what the driver counted as allocated.  ``memory_used_mib`` is v2 ``used`` when
+  available, else v1 ``used``.
+* Processes: the unversioned ``nvmlDeviceGet*RunningProcesses`` wrappers call ``_v3`` and raise
+  ``NVMLLibraryMismatchError`` (not an NVMLError) when the driver lacks it; we then use ``_v2``.
+* ``usedGpuMemory`` is ``None`` when NVML says NVML_VALUE_NOT_AVAILABLE (WDDM, MIG without
+  privilege); it stays ``None``.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from ..model import BackendStatus, Device, bytes_to_mib
+from .base import Backend, error_text
+
+try:
+    import pynvml
+    PYNVML_IMPORT_ERROR = None
+except Exception:  # pylint: disable=broad-except
+    pynvml = None
+    PYNVML_IMPORT_ERROR = traceback.format_exc()
+
+NOT_INSTALLED = 'nvidia-ml-py (pynvml) is not installed'
+
+_PROCESS_LISTS = (
+    ('compute', 'nvmlDeviceGetComputeRunningProcesses'),
+    ('graphics', 'nvmlDeviceGetGraphicsRunningProcesses'),
+    ('mps', 'nvmlDeviceGetMPSComputeRunningProcesses'),
+)
+
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values -> our recommended action.
+_RECOVERY_ACTIONS = {
+    1: ('reset', 'the driver asks for a GPU reset'),
+    2: ('reboot', 'the driver asks for a node reboot'),
+    3: ('drain', 'the driver asks to drain the GPU (P2P)'),
+    4: ('drain', 'the driver asks to drain and then reset the GPU'),
+    6: ('reset', 'the driver asks for a bus reset'),
+    7: ('reboot', 'the driver asks for a system reboot'),
+}
+
+
+class _Never(Exception):
+    """Stand-in for an exception class the loaded pynvml does not define (never raised)."""
+
+
+class _GpuLost(Exception):
+    """Internal: the GPU answered GPU_IS_LOST; stop reading it."""
+
+
+def _text(value):
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode('utf-8', 'replace')
+    return value.rstrip('\x00').strip() or None
+
+
+class NvidiaBackend(Backend):
+    """NVML backend.  ``nvml`` injects the pynvml module (tests); default: the imported pynvml."""
+
+    name = 'nvidia'
+
+    def __init__(self, nvml=None, import_error=None):
+        super(NvidiaBackend, self).__init__()
+        if nvml is None:
+            nvml = pynvml
+            import_error = PYNVML_IMPORT_ERROR
+        self.nvml = nvml
+        self.import_error = import_error
+        self._initialized = False
+        self._mem_v2 = None          # None: not tried yet, True/False once known
+        self._proc_v2 = {}           # list kind -> True once the unversioned (_v3) call is missing
+        if nvml is not None:
+            self.NVMLError = getattr(nvml, 'NVMLError', _Never)
+            self.GpuIsLost = getattr(nvml, 'NVMLError_GpuIsLost', _Never)
+            self.NotSupported = getattr(nvml, 'NVMLError_NotSupported', _Never)
+            self.NoPermission = getattr(nvml, 'NVMLError_NoPermission', _Never)
+            self.FunctionNotFound = getattr(nvml, 'NVMLError_FunctionNotFound', _Never)
+            self.ResetRequired = getattr(nvml, 'NVMLError_ResetRequired', _Never)
+            self.LibraryMismatch = getattr(nvml, 'NVMLLibraryMismatchError', _Never)
+            self.ArgumentVersionMismatch = getattr(nvml, 'NVMLError_ArgumentVersionMismatch', _Never)
+
+    # ------------------------------------------------------------------ life cycle
+    def probe(self):
+        if self.nvml is None:
+            self.status = BackendStatus(name=self.name, available=False, error=NOT_INSTALLED)
+            return self.status
+        nvml = self.nvml
+        try:
+            nvml.nvmlInit()
+            self._initialized = True
+        except Exception as exc:  # pylint: disable=broad-except
+            return self._unavailable(self._init_failure(exc))
+        version = None
+        try:
+            version = _text(nvml.nvmlSystemGetDriverVersion())
+        except Exception:  # pylint: disable=broad-except
+            version = None
+        self.status = BackendStatus(name=self.name, available=True, version=version, error=None)
+        return self.status
+
+    def _init_failure(self, exc):
+        """Why nvmlInit() failed, in words."""
+        known = (
+            ('NVMLError_LibraryNotFound', 'the NVIDIA driver library libnvidia-ml.so.1 was not found (no NVIDIA driver installed)'),
+            ('NVMLError_DriverNotLoaded', 'the NVIDIA kernel driver is not loaded'),
+            ('NVMLError_LibRmVersionMismatch',
+             'NVML and the loaded NVIDIA kernel driver have different versions (reboot or reload the driver)'),
+            ('NVMLError_NoPermission', 'no permission to open the NVIDIA devices'),
+        )
+        classes = set(cls.__name__ for cls in type(exc).__mro__)
+        for name, reason in known:
+            if name in classes:
+                return reason
+        return 'NVML initialisation failed: %s' % error_text(exc)
+
+    def _unavailable(self, reason):
+        self.status = BackendStatus(name=self.name, available=False, error=reason)
+        return self.status
+
+    def close(self):
+        if self._initialized:
+            self._initialized = False
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:  # pylint: disable=broad-except
+                pass
+
+    # ------------------------------------------------------------------ reading
+    def devices(self):
+        if not self._initialized:
+            return []
+        nvml = self.nvml
+        count = nvml.nvmlDeviceGetCount()
+        result = []
+        for i in range(count):
+            dev = Device(vendor=self.name, vendor_index=i)
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            except self.GpuIsLost as exc:
+                self._mark_lost(dev, exc)
+                result.append(dev)
+                continue
+            except Exception as exc:  # pylint: disable=broad-except
+                dev.processes_complete = False
+                dev.errors.append('could not open the device: %s' % error_text(exc))
+                dev.health.degrade('NVML cannot open GPU %d: %s' % (i, error_text(exc)))
+                result.append(dev)
+                continue
+            try:
+                self._read_device(dev, handle)
+            except _GpuLost as lost:
+                self._mark_lost(dev, lost.args[0])
+            except Exception as exc:  # pylint: disable=broad-except
+                dev.processes_complete = False
+                dev.reading_failed('the device', error_text(exc))
+            result.append(dev)
+        return result
+
+    def _mark_lost(self, dev, exc):
+        dev.processes_complete = False
+        dev.driver_processes = []
+        for name in ('memory_used_mib', 'memory_free_mib', 'memory_reserved_mib', 'utilization_pct', 'memory_utilization_pct',
+                     'temperature_c', 'power_w', 'power_limit_w', 'fan_pct', 'orphaned_mib'):
+            setattr(dev, name, None)
+        dev.health.lose('the GPU is lost (NVML: %s): it fell off the bus or stopped responding; reset it, '
+                        'and reboot the node if the reset fails' % error_text(exc), action='reset')
+
+    def _call(self, dev, what, func, *args, **kwargs):
+        """Call one NVML reading: lost -> _GpuLost, not supported -> None, other errors -> noted, None."""
+        try:
+            return func(*args, **kwargs)
+        except self.GpuIsLost as exc:
+            raise _GpuLost(exc)
+        except self.NotSupported:
+            return None
+        except self.ResetRequired as exc:
+            dev.health.degrade('the GPU requires a reset (%s)' % error_text(exc), action='reset')
+            return None
+        except self.NVMLError as exc:
+            dev.reading_failed(what, error_text(exc))
+            return None
+
+    def _read_device(self, dev, handle):
+        nvml = self.nvml
+        call = self._call
+        dev.uuid = _text(call(dev, 'the UUID', nvml.nvmlDeviceGetUUID, handle))
+        dev.name = _text(call(dev, 'the name', nvml.nvmlDeviceGetName, handle))
+        pci = call(dev, 'the PCI info', nvml.nvmlDeviceGetPciInfo, handle)
+        if pci is not None:
+            dev.pci_bus_id = _text(getattr(pci, 'busId', None))
+        dev.minor = call(dev, 'the minor number', nvml.nvmlDeviceGetMinorNumber, handle)
+
+        self._read_memory(dev, handle)
+
+        util = call(dev, 'the utilization', nvml.nvmlDeviceGetUtilizationRates, handle)
+        if util is not None:
+            dev.utilization_pct = int(util.gpu)
+            dev.memory_utilization_pct = int(util.memory)
+        temp = call(dev, 'the temperature', nvml.nvmlDeviceGetTemperature, handle, getattr(nvml, 'NVML_TEMPERATURE_GPU', 0))
+        dev.temperature_c = int(temp) if temp is not None else None
+        power = call(dev, 'the power draw', nvml.nvmlDeviceGetPowerUsage, handle)
+        dev.power_w = round(power / 1000.0, 3) if power is not None else None
+        limit = call(dev, 'the power limit', nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        dev.power_limit_w = round(limit / 1000.0, 3) if limit is not None else None
+        fan = call(dev, 'the fan speed', nvml.nvmlDeviceGetFanSpeed, handle) if hasattr(nvml, 'nvmlDeviceGetFanSpeed') else None
+        dev.fan_pct = int(fan) if fan is not None else None
+        pers = call(dev, 'the persistence mode', nvml.nvmlDeviceGetPersistenceMode, handle)
+        dev.persistence_mode = None if pers is None else pers == getattr(nvml, 'NVML_FEATURE_ENABLED', 1)
+        mig = call(dev, 'the MIG mode', nvml.nvmlDeviceGetMigMode, handle) if hasattr(nvml, 'nvmlDeviceGetMigMode') else None
+        dev.mig_mode = None if not mig else mig[0] == getattr(nvml, 'NVML_DEVICE_MIG_ENABLE', 1)
+
+        self._read_health(dev, handle)
+        self._read_processes(dev, handle)
+
+    def _read_memory(self, dev, handle):
+        nvml = self.nvml
+        mem = None
+        version = getattr(nvml, 'nvmlMemory_v2', None)
+        if self._mem_v2 is not False and version is not None:
+            try:
+                mem = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+                self._mem_v2 = True
+                dev.memory_api = 'v2'
+            except (self.FunctionNotFound, self.LibraryMismatch, self.ArgumentVersionMismatch, TypeError):
+                self._mem_v2 = False
+                mem = None
+            except self.GpuIsLost as exc:
+                raise _GpuLost(exc)
+            except self.NVMLError:
+                mem = None  # retry with v1 below, which reports the error if it also fails
+        if mem is None:
+            mem = self._call(dev, 'the memory usage', nvml.nvmlDeviceGetMemoryInfo, handle)
+            if mem is None:
+                return
+            dev.memory_api = 'v1'
+        dev.memory_total_mib = bytes_to_mib(mem.total)
+        dev.memory_free_mib = bytes_to_mib(mem.free)
+        dev.memory_used_mib = bytes_to_mib(mem.used)
+        if dev.memory_api == 'v2':
+            dev.memory_reserved_mib = bytes_to_mib(getattr(mem, 'reserved', None))
+
+    def _read_health(self, dev, handle):
+        nvml = self.nvml
+        ecc = self._call(dev, 'the ECC error counters', nvml.nvmlDeviceGetTotalEccErrors, handle,
+                         getattr(nvml, 'NVML_MEMORY_ERROR_TYPE_UNCORRECTED', 1), getattr(nvml, 'NVML_VOLATILE_ECC', 0))
+        dev.ecc_uncorrected_volatile = ecc
+        if ecc:
+            dev.health.degrade('%d uncorrected volatile ECC error(s) since the last driver load: reset the GPU' % ecc,
+                               action='reset')
+        rows = None
+        if hasattr(nvml, 'nvmlDeviceGetRemappedRows'):
+            rows = self._call(dev, 'the remapped rows', nvml.nvmlDeviceGetRemappedRows, handle)
+        if rows is not None:
+            _corr, unc, pending, failure = rows
+            if failure:
+                dev.health.degrade('row remapping failed (%d uncorrectable rows remapped): drain the GPU and replace it' % unc,
+                                   action='drain')
+            elif pending:
+                dev.health.degrade('row remapping is pending (%d uncorrectable rows): reset the GPU to apply it' % unc,
+                                   action='reset')
+        field_id = getattr(nvml, 'NVML_FI_DEV_GET_GPU_RECOVERY_ACTION', None)
+        if field_id is not None and hasattr(nvml, 'nvmlDeviceGetFieldValues'):
+            try:
+                values = nvml.nvmlDeviceGetFieldValues(handle, [field_id])
+                value = values[0]
+                if int(value.nvmlReturn) == 0:
+                    action = _RECOVERY_ACTIONS.get(int(value.value.uiVal))
+                    if action is not None:
+                        dev.health.degrade(action[1], action=action[0])
+            except self.GpuIsLost as exc:
+                raise _GpuLost(exc)
+            except Exception:  # pylint: disable=broad-except
+                pass  # an optional field: older drivers do not know it
+
+    def _list(self, kind, base_name, handle):
+        """One process list, falling back from the unversioned (_v3) call to _v2 once it is missing."""
+        nvml = self.nvml
+        if not self._proc_v2.get(kind):
+            try:
+                return getattr(nvml, base_name)(handle)
+            except (self.LibraryMismatch, self.FunctionNotFound, AttributeError):
+                self._proc_v2[kind] = True
+        return getattr(nvml, base_name + '_v2')(handle)
+
+    def _read_processes(self, dev, handle):
+        for kind, base_name in _PROCESS_LISTS:
+            try:
+                procs = self._list(kind, base_name, handle)
+            except self.GpuIsLost as exc:
+                raise _GpuLost(exc)
+            except (self.NotSupported, AttributeError):
+                continue
+            except self.FunctionNotFound:
+                if kind == 'mps':
+                    continue  # old drivers have no MPS list at all
+                dev.processes_complete = False
+                dev.reading_failed('the %s process list' % kind, 'not provided by this driver')
+                continue
+            except self.NoPermission as exc:
+                dev.processes_complete = False
+                dev.reading_failed('the %s process list' % kind, '%s (run as root to see processes)' % error_text(exc))
+                continue
+            except self.NVMLError as exc:
+                dev.processes_complete = False
+                dev.reading_failed('the %s process list' % kind, error_text(exc))
+                continue
+            for proc in procs or []:
+                used = getattr(proc, 'usedGpuMemory', None)
+                dev.add_driver_process(int(proc.pid), bytes_to_mib(used), kind)

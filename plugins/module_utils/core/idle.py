@@ -1,0 +1,110 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
+"""Sampled GPU utilization per process, kept between runs, for "idle for 30 minutes" decisions.
+
+No driver keeps a per-process utilization history long enough to say that a process has been
+idle for half an hour, so we keep one.  Every run that reads a snapshot for a decision (gpu_kill
+with ``idle_for``, and the guard's timer ticks) appends one sample per GPU process to a small
+JSON file.  A process is idle since the oldest sample of the unbroken run of samples, ending
+with the newest, whose utilization is at or below the threshold.  A process with no known
+utilization, or whose history does not reach back far enough, is never called idle.
+
+The per-process figure is the driver's own per-process utilization (NVML process utilization
+samples; AMD engine usage) when it has one; otherwise the device's utilization when the process
+is the only one on every GPU it uses; otherwise unknown.  Processes are keyed by (pid, starttime),
+so a reused pid starts a new history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+DEFAULT_PATH = '/var/lib/gpufleet/utilization.json'
+MAX_SAMPLES = 720
+MAX_AGE = 7 * 86400
+
+
+def process_utilization(proc, snapshot):
+    """The best per-process utilization figure (percent) for ``proc`` in ``snapshot``, or None."""
+    value = getattr(proc, 'util_pct', None)
+    if value is not None:
+        return value
+    figures = []
+    for index in proc.gpu_indexes or ():
+        dev = snapshot.device(index)
+        if dev is None or dev.utilization_pct is None or len(dev.driver_processes) != 1:
+            return None
+        figures.append(dev.utilization_pct)
+    return max(figures) if figures else None
+
+
+class UtilizationHistory(object):
+    """The sample file: ``{"version": 1, "processes": {"pid:starttime": [[ts, util], ...]}}``."""
+
+    def __init__(self, path=DEFAULT_PATH):
+        self.path = path
+        self.samples = {}
+        self.warning = None
+
+    def load(self):
+        try:
+            with open(self.path, encoding='utf-8') as handle:
+                data = json.load(handle)
+            procs = data.get('processes') if isinstance(data, dict) else None
+            if not isinstance(procs, dict):
+                raise ValueError('no "processes" object')
+            self.samples = dict((k, [s for s in v if isinstance(s, list) and len(s) == 2])
+                                for k, v in procs.items() if isinstance(v, list))
+        except FileNotFoundError:
+            self.samples = {}
+        except (OSError, ValueError) as exc:
+            self.samples = {}
+            self.warning = 'utilization history %s was unreadable and has been restarted: %s' % (self.path, exc)
+        return self
+
+    def record(self, snapshot, now):
+        """Add one sample per GPU process in ``snapshot``; forget processes that are gone."""
+        live = {}
+        for proc in snapshot.processes:
+            if proc.starttime is None:
+                continue
+            key = '%d:%d' % (proc.pid, proc.starttime)
+            series = [s for s in self.samples.get(key, []) if now - s[0] <= MAX_AGE]
+            series.append([now, process_utilization(proc, snapshot)])
+            live[key] = series[-MAX_SAMPLES:]
+        self.samples = live
+        return self
+
+    def idle_since(self, snapshot, threshold_pct):
+        """``{pid: time since which it has been at or below threshold_pct}`` for processes in ``snapshot``."""
+        found = {}
+        for proc in snapshot.processes:
+            if proc.starttime is None:
+                continue
+            since = None
+            for stamp, util in reversed(self.samples.get('%d:%d' % (proc.pid, proc.starttime), [])):
+                if util is None or util > threshold_pct:
+                    break
+                since = stamp
+            if since is not None:
+                found[proc.pid] = since
+        return found
+
+    def save(self):
+        """Write atomically (temp file and rename) with mode 0600; returns an error text or None."""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        try:
+            os.makedirs(directory, mode=0o750, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix='.utilization.', dir=directory)
+            with os.fdopen(fd, 'w', encoding='utf-8') as handle:
+                json.dump({'version': 1, 'processes': self.samples}, handle, separators=(',', ':'))
+            os.rename(tmp, self.path)
+        except OSError as exc:
+            return 'could not save utilization history %s: %s' % (self.path, exc)
+        return None

@@ -1,0 +1,360 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
+"""The safe killer: protection, identity checks, TERM then KILL, process trees, release checks.
+
+Nothing here decides *what* to kill; ``select`` does that over a snapshot.  This module decides
+what must never be signalled, makes sure a pid still names the process that was selected when
+the signal goes out, and then watches the driver until the GPU memory really comes back.
+
+Identity is the pair (pid, starttime): field 22 of ``/proc/PID/stat``, the process's start in
+clock ticks since boot.  A reused pid has a later starttime.  Where Linux and Python offer
+``pidfd_open`` (Linux 5.3, Python 3.9) the pid is pinned with a pidfd *before* the identity check,
+so the process the check saw is the one that receives the signal.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+
+from .processes import parse_stat
+
+DEFAULT_PROTECT_NAMES = (
+    'Xorg', 'X', 'Xwayland', 'gnome-shell', 'kwin_x11', 'kwin_wayland', 'gdm', 'gdm3', 'sddm', 'lightdm',
+    'WindowServer', 'nvidia-persistenced', 'nv-hostengine', 'dcgm-exporter', 'dcgmi', 'nvidia-fabricmanager',
+    'sshd', 'systemd', 'init', 'containerd', 'dockerd', 'kubelet', 'slurmd', 'slurmstepd',
+)
+PF_KTHREAD = 0x00200000
+KTHREADD_PID = 2
+
+
+class ProcInfo(object):
+    """What /proc says about one pid at one moment (None fields are unknown)."""
+
+    __slots__ = ('pid', 'comm', 'state', 'ppid', 'session', 'flags', 'starttime', 'uid', 'exe', 'argv0')
+
+    def __init__(self, pid, comm, state, ppid, session, flags, starttime, uid, exe, argv0):
+        self.pid = pid
+        self.comm = comm
+        self.state = state
+        self.ppid = ppid
+        self.session = session
+        self.flags = flags
+        self.starttime = starttime
+        self.uid = uid
+        self.exe = exe
+        self.argv0 = argv0
+
+    @property
+    def kernel_thread(self):
+        return self.pid == KTHREADD_PID or self.ppid == KTHREADD_PID or bool(self.flags & PF_KTHREAD)
+
+    @property
+    def names(self):
+        """Every name the process goes by: comm, the executable's basename and argv[0]'s basename."""
+        found = {self.comm}
+        if self.exe:
+            found.add(os.path.basename(self.exe.replace(' (deleted)', '')))
+        if self.argv0:
+            found.add(os.path.basename(self.argv0))
+        found.discard(None)
+        found.discard('')
+        return found
+
+
+def read_proc(pid, proc_root='/proc'):
+    """A ProcInfo for ``pid``, or None when no such process exists (or it is already reaped)."""
+    base = '%s/%d' % (proc_root, pid)
+    try:
+        with open(base + '/stat', 'rb') as handle:
+            stat = parse_stat(handle.read().decode('utf-8', 'replace'))
+    except (OSError, ValueError, IndexError):
+        return None
+    uid = None
+    try:
+        with open(base + '/status', 'rb') as handle:
+            for line in handle:
+                if line.startswith(b'Uid:'):
+                    uid = int(line.split()[2])  # effective uid
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        exe = os.readlink(base + '/exe')
+    except OSError:
+        exe = None
+    argv0 = None
+    try:
+        with open(base + '/cmdline', 'rb') as handle:
+            argv0 = handle.read(4096).split(b'\0', 1)[0].decode('utf-8', 'replace') or None
+    except OSError:
+        pass
+    return ProcInfo(pid, stat['comm'], stat['state'], stat['ppid'], stat['session'], stat['flags'], stat['starttime'], uid, exe, argv0)
+
+
+def ancestors(pid, proc_root='/proc', limit=4096):
+    """The pids above ``pid`` up to pid 1 (bounded, so a corrupt /proc cannot loop us)."""
+    found = []
+    info = read_proc(pid, proc_root)
+    while info is not None and info.ppid > 0 and len(found) < limit:
+        found.append(info.ppid)
+        info = read_proc(info.ppid, proc_root)
+    return found
+
+
+def children_of(pids, proc_root='/proc'):
+    """Every descendant of ``pids`` (a snapshot of the whole table, one pass over /proc)."""
+    by_parent = {}
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        info = read_proc(int(name), proc_root)
+        if info is not None:
+            by_parent.setdefault(info.ppid, []).append(info.pid)
+    found = []
+    seen = set(pids)
+    stack = list(pids)
+    while stack:
+        for child in by_parent.get(stack.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                stack.append(child)
+    return found
+
+
+class Protection(object):
+    """The rules that are never crossed, in check mode or not."""
+
+    def __init__(self, protect_names=DEFAULT_PROTECT_NAMES, protect_users=(), proc_root='/proc', user_of_uid=None):
+        self.protect_names = frozenset(protect_names or ())
+        self.protect_users = frozenset(protect_users or ())
+        self.proc_root = proc_root
+        self.euid = os.geteuid()
+        self.self_pid = os.getpid()
+        self.self_session = os.getsid(0)
+        self.self_ancestors = frozenset(ancestors(self.self_pid, proc_root))
+        self.user_of_uid = user_of_uid or _user_name
+
+    def reason(self, info):
+        """Why ``info`` must not be signalled, or None when it may be."""
+        if info.pid <= 1:
+            return 'pid %d is never signalled' % info.pid
+        if info.pid == self.self_pid:
+            return 'this is the reclaiming process itself'
+        if info.pid in self.self_ancestors:
+            return 'an ancestor of the reclaiming process'
+        if info.session == self.self_session:
+            return 'in the session of the reclaiming process'
+        if info.kernel_thread:
+            return 'a kernel thread'
+        hit = sorted(info.names & self.protect_names)
+        if hit:
+            return 'protected name %s (protect_names)' % hit[0]
+        user = self.user_of_uid(info.uid) if info.uid is not None else None
+        if user is not None and user in self.protect_users:
+            return 'protected user %s (protect_users)' % user
+        if self.euid != 0 and info.uid != self.euid:
+            return 'owned by %s; a non-root caller may only signal its own processes' % (user or info.uid)
+        return None
+
+
+def _user_name(uid):
+    try:
+        import pwd  # pylint: disable=import-outside-toplevel
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        return str(uid)
+
+
+def is_same(pid, starttime, proc_root='/proc'):
+    """True while ``pid`` still names the process that started at ``starttime`` and is not a zombie."""
+    info = read_proc(pid, proc_root)
+    return info is not None and info.starttime == starttime and info.state not in ('Z', 'X', 'x')
+
+
+def send_signal(pid, starttime, signum, proc_root='/proc'):
+    """Signal (pid, starttime) if and only if it is still that process.
+
+    Returns 'sent', 'gone' (exited or reaped) or 'reused' (the pid now names another process).
+    """
+    pidfd = None
+    if hasattr(os, 'pidfd_open') and hasattr(signal, 'pidfd_send_signal'):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                return 'gone'
+            pidfd = None  # kernel without pidfd (ENOSYS), or a seccomp filter: fall back below
+    try:
+        info = read_proc(pid, proc_root)
+        if info is None or info.state in ('Z', 'X', 'x'):
+            return 'gone'
+        if info.starttime != starttime:
+            return 'reused'
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signum)
+            else:
+                os.kill(pid, signum)
+        except ProcessLookupError:
+            return 'gone'
+        return 'sent'
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+class Victim(object):
+    """One process to signal, with what was recorded at discovery and what happened to it."""
+
+    def __init__(self, pid, starttime, record=None, parent=None):
+        self.pid = pid
+        self.starttime = starttime
+        self.record = dict(record or {})
+        self.parent = parent          # the selected pid this one was collected under (tree: true)
+        self.signals = []
+        self.outcome = None           # killed | failed | skipped
+        self.reason = None
+        self.exit_seconds = None
+        self.release_seconds = None
+
+    def as_result(self):
+        out = dict(self.record)
+        out.update({'pid': self.pid, 'signals': list(self.signals), 'seconds_to_exit': _round(self.exit_seconds),
+                    'seconds_to_release': _round(self.release_seconds), 'reason': self.reason})
+        if self.parent is not None:
+            out['parent_pid'] = self.parent
+        return out
+
+
+def _round(value):
+    return None if value is None else round(value, 3)
+
+
+def terminate(victims, signum=signal.SIGTERM, timeout=10.0, force=False, kill_timeout=5.0, check_mode=False,
+              proc_root='/proc', clock=time.monotonic, sleep=time.sleep, poll=0.05):
+    """Signal every victim at once, wait for all of them together, escalate survivors to SIGKILL.
+
+    Victims are signalled back to back (not one wait after another), so 20 processes take about as
+    long as the slowest.  In check mode nothing is sent and every victim is reported as it would
+    be.  Each victim ends as ``killed`` (exited, or exited by itself during the run), or
+    ``failed`` with the reason.  Returns the victims.
+    """
+    if check_mode:
+        for victim in victims:
+            victim.outcome = 'killed'
+            victim.signals = [signal.Signals(signum).name] + (['SIGKILL'] if force else [])
+            victim.reason = 'would be signalled (check mode)'
+        return victims
+    start = clock()
+    pending = []
+    for victim in victims:
+        status = send_signal(victim.pid, victim.starttime, signum, proc_root)
+        if status == 'sent':
+            victim.signals.append(signal.Signals(signum).name)
+            pending.append(victim)
+        elif status == 'gone':
+            victim.outcome, victim.reason, victim.exit_seconds = 'killed', 'exited by itself before the signal', 0.0
+        else:
+            victim.outcome, victim.reason = 'skipped', 'pid %d was reused by another process since discovery' % victim.pid
+    pending = _wait_exit(pending, start, timeout, proc_root, clock, sleep, poll)
+    if pending and force:
+        killed_at = clock()
+        survivors = []
+        for victim in pending:
+            status = send_signal(victim.pid, victim.starttime, signal.SIGKILL, proc_root)
+            if status == 'sent':
+                victim.signals.append('SIGKILL')
+                survivors.append(victim)
+            elif status == 'gone':
+                victim.outcome, victim.exit_seconds = 'killed', clock() - start
+            else:
+                victim.outcome, victim.reason = 'skipped', 'pid %d was reused by another process before SIGKILL' % victim.pid
+        pending = _wait_exit(survivors, killed_at, kill_timeout, proc_root, clock, sleep, poll, base=start)
+    for victim in pending:
+        info = read_proc(victim.pid, proc_root)
+        victim.outcome = 'failed'
+        if info is not None and info.state == 'D':
+            victim.reason = 'still running in uninterruptible sleep (D state) inside the driver; a GPU reset or a reboot may be needed'
+        elif force:
+            victim.reason = 'still running %.1f s after SIGKILL' % kill_timeout
+        else:
+            victim.reason = 'still running %.1f s after %s; use force=true to send SIGKILL' % (timeout, signal.Signals(signum).name)
+    return victims
+
+
+def _wait_exit(pending, since, timeout, proc_root, clock, sleep, poll, base=None):
+    """Poll until every pending victim is gone or ``timeout`` passed; returns the survivors."""
+    base = since if base is None else base
+    deadline = since + timeout
+    while pending:
+        now = clock()
+        still = []
+        for victim in pending:
+            if is_same(victim.pid, victim.starttime, proc_root):
+                still.append(victim)
+            else:
+                victim.outcome = 'killed'
+                victim.exit_seconds = now - base
+        pending = still
+        if not pending or now >= deadline:
+            break
+        sleep(poll)
+    return pending
+
+
+def wait_release(expected, probe, timeout=15.0, clock=time.monotonic, sleep=time.sleep, poll=0.1):
+    """Wait until the driver shows the memory of exited processes as free.
+
+    ``expected`` maps a GPU key to ``{'pids': set of pids that must leave the driver's lists,
+    'before_mib': used MiB before the kill (or None), 'held_mib': MiB those pids held (or None)}``.
+    ``probe()`` returns ``{gpu key: (used_mib or None, set of listed pids)}`` from a fresh driver
+    read.  A GPU counts as released when none of its pids is listed any more and its used memory
+    has dropped by what they held (when both are known).  Returns ``{gpu key: {'released': bool,
+    'seconds': float or None, 'freed_mib': int or None, 'unreleased_mib': int}}``.
+    """
+    start = clock()
+    deadline = start + timeout
+    result = {key: {'released': False, 'seconds': None, 'freed_mib': None, 'unreleased_mib': 0} for key in expected}
+    while True:
+        now = clock()
+        view = probe()
+        waiting = False
+        for key, want in expected.items():
+            entry = result[key]
+            used, listed = view.get(key, (None, set()))
+            before, held = want.get('before_mib'), want.get('held_mib')
+            if before is not None and used is not None:
+                entry['freed_mib'] = max(0, int(round(before - used)))
+            if entry['released']:
+                continue
+            target = None if before is None or held is None else before - held
+            done = not (set(want['pids']) & set(listed)) and (target is None or used is None or used <= target + 0.5)
+            if done:
+                entry['released'], entry['seconds'] = True, now - start
+            else:
+                waiting = True
+                if target is not None and used is not None:
+                    entry['unreleased_mib'] = max(0, int(round(used - target)))
+                elif held is not None:
+                    entry['unreleased_mib'] = int(held)
+        if not waiting or now >= deadline:
+            break
+        sleep(poll)
+    for entry in result.values():
+        if entry['released']:
+            entry['unreleased_mib'] = 0
+        if entry['seconds'] is not None:
+            entry['seconds'] = round(entry['seconds'], 3)
+    return result

@@ -1,0 +1,367 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This file is part of the PRIVATE core of the gpufleet.reclaim collection. It can change at any time.
+"""The host side of a snapshot: who the GPU pids are, and who else holds GPU device files.
+
+One ``ProcessInventory.scan()`` walks the process table once: it lists ``<proc_root>`` and reads
+every process's ``fd`` links (the ``fuser /dev/nvidia*`` scan; other users' fds need root or
+CAP_SYS_PTRACE, and processes vanish mid-scan), then reads owner, command line, state and cgroup
+(container, Kubernetes pod, Slurm job) for the pids the driver listed and for the fd holders.
+Records come from psutil when it is importable and ``proc_root`` is ``/proc``, else from /proc
+files directly (standalone agent without psutil, and fixture trees in tests).
+
+The driver reports pids of the host PID namespace: a listed pid absent here gets status
+``not_found`` (we may be inside a container), and a listed pid present here that holds no GPU
+device file may be an unrelated local process with the same number (``holds_gpu_device``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+
+from .model import NOT_FOUND, ContainerInfo, Holder, ProcessRecord
+
+try:
+    import psutil
+    PSUTIL_IMPORT_ERROR = None
+except Exception:  # pylint: disable=broad-except
+    psutil = None
+    PSUTIL_IMPORT_ERROR = traceback.format_exc()
+
+HAS_PSUTIL = psutil is not None
+
+DEFAULT_DEV_ROOTS = ('/dev',)
+
+# Device files, relative to a device root, that give access to a GPU.
+DEVICE_RE = re.compile(
+    r'^(?:nvidia(?:\d+|ctl|-uvm|-uvm-tools|-modeset|-nvswitchctl|-caps/.+|-caps-imex-channels/.+)'
+    r'|dri/(?:renderD|card)\d+|kfd)$')
+_NVIDIA_MINOR_RE = re.compile(r'^nvidia(\d+)$')
+_DRI_RE = re.compile(r'^dri/(renderD|card)(\d+)$')
+
+# /proc/PID/stat state letter -> psutil status name.
+_STATES = {
+    'R': 'running', 'S': 'sleeping', 'D': 'disk-sleep', 'T': 'stopped', 't': 'tracing-stop',
+    'Z': 'zombie', 'X': 'dead', 'x': 'dead', 'K': 'wake-kill', 'W': 'waking', 'P': 'parked', 'I': 'idle',
+}
+
+# Container runtimes, most specific first.  Each matches one cgroup path (v1 or v2).
+_CONTAINER_PATTERNS = (
+    (re.compile(r'(?:^|/)docker-([0-9a-f]{64})\.scope(?:/|$)'), 'docker'),
+    (re.compile(r'(?:^|/)cri-containerd-([0-9a-f]{64})\.scope(?:/|$)'), 'containerd'),
+    (re.compile(r'(?:^|/)nerdctl-([0-9a-f]{64})\.scope(?:/|$)'), 'containerd'),
+    (re.compile(r'(?:^|/)crio-(?:conmon-)?([0-9a-f]{64})(?:\.scope)?(?:/|$)'), 'cri-o'),
+    (re.compile(r'(?:^|/)libpod-(?:conmon-)?([0-9a-f]{64})(?:\.scope)?(?:/|$)'), 'podman'),
+    (re.compile(r'(?:^|/)docker/([0-9a-f]{64})(?:/|$)'), 'docker'),
+    # kubelet with the cgroupfs driver: /kubepods/<qos>/pod<uid>/<id>; the runtime is not named.
+    (re.compile(r'(?:^|/)kubepods(?:/[^/]+)*/pod[0-9a-f_-]{36}/([0-9a-f]{64})(?:/|$)'), None),
+)
+_POD_RE = re.compile(r'pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?(?:/|$)')
+_SLURM_RE = re.compile(r'(?:^|/)job_(\d+)(?:/|$)')
+
+
+# ---------------------------------------------------------------------------- parsing helpers
+def parse_cgroup(text):
+    """Parse /proc/PID/cgroup text (cgroup v1 or v2) -> (ContainerInfo or None, Slurm job id or None)."""
+    paths = []
+    for line in (text or '').splitlines():
+        parts = line.strip().split(':', 2)
+        if len(parts) == 3 and parts[2] not in paths:
+            paths.append(parts[2])
+    container_id = runtime = pod_uid = slurm_job = None
+    for path in paths:
+        if container_id is None:
+            for pattern, name in _CONTAINER_PATTERNS:
+                match = pattern.search(path)
+                if match:
+                    container_id, runtime = match.group(1), name
+                    break
+        if pod_uid is None and 'kubepods' in path:
+            match = _POD_RE.search(path)
+            if match:
+                pod_uid = match.group(1).replace('_', '-')
+        if slurm_job is None:
+            match = _SLURM_RE.search(path)
+            if match:
+                slurm_job = match.group(1)
+    container = None
+    if container_id is not None or pod_uid is not None:
+        container = ContainerInfo(id=container_id, runtime=runtime, pod_uid=pod_uid)
+    return container, slurm_job
+
+
+def parse_stat(text):
+    """Parse /proc/PID/stat -> dict(comm, state, ppid, session, flags, starttime); fields after the last ')'."""
+    end = text.rfind(')')
+    start = text.find('(')
+    if end < 0 or start < 0:
+        raise ValueError('malformed stat line')
+    rest = text[end + 2:].split()
+    # rest[0] is field 3 (state), so field N is rest[N - 3].
+    return {'comm': text[start + 1:end], 'state': rest[0], 'ppid': int(rest[1]), 'session': int(rest[3]),
+            'flags': int(rest[6]), 'starttime': int(rest[19])}
+
+
+def read_starttime(pid, proc_root='/proc'):
+    """Field 22 of /proc/PID/stat (clock ticks after boot): identifies a pid across reuse.  None if gone."""
+    try:
+        with open(os.path.join(proc_root, str(pid), 'stat')) as handle:
+            return parse_stat(handle.read())['starttime']
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def match_device(target, dev_roots=DEFAULT_DEV_ROOTS):
+    """Return ``target`` (an fd link target) if it is a GPU device file under one of ``dev_roots``."""
+    if target.endswith(' (deleted)'):
+        return None
+    for root in dev_roots:
+        prefix = root.rstrip('/') + '/'
+        if target.startswith(prefix) and DEVICE_RE.match(target[len(prefix):]):
+            return target
+    return None
+
+
+def device_key(path, dev_roots=DEFAULT_DEV_ROOTS):
+    """Which GPU a device file names: ('nvidia', minor), ('renderD', n), ('card', n), or None (shared)."""
+    for root in dev_roots:
+        prefix = root.rstrip('/') + '/'
+        if path.startswith(prefix):
+            rel = path[len(prefix):]
+            match = _NVIDIA_MINOR_RE.match(rel)
+            if match:
+                return ('nvidia', int(match.group(1)))
+            match = _DRI_RE.match(rel)
+            if match:
+                return (match.group(1), int(match.group(2)))
+    return None
+
+
+def scan_device_fds(proc_root='/proc', dev_roots=DEFAULT_DEV_ROOTS, exclude=()):
+    """Walk ``<proc_root>/*/fd`` once.
+
+    Returns (holders: {pid: sorted device paths}, readable: set of pids whose fds were read,
+    denied: number of processes whose fds we may not read).
+    """
+    holders = {}
+    readable = set()
+    denied = 0
+    exclude = set(exclude)
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return holders, readable, denied
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        if pid in exclude:
+            continue
+        fd_dir = os.path.join(proc_root, entry, 'fd')
+        try:
+            fds = os.listdir(fd_dir)
+        except PermissionError:
+            denied += 1
+            continue
+        except OSError:  # gone (FileNotFoundError, ProcessLookupError) or not a process
+            continue
+        found = set()
+        complete = True
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except PermissionError:
+                complete = False
+                continue
+            except OSError:  # the fd was closed meanwhile
+                continue
+            path = match_device(target, dev_roots)
+            if path is not None:
+                found.add(path)
+        if complete:
+            readable.add(pid)
+        else:
+            denied += 1
+        if found:
+            holders[pid] = sorted(found)
+    return holders, readable, denied
+
+
+def _read_text(path):
+    with open(path, 'rb') as handle:
+        return handle.read().decode('utf-8', 'replace')
+
+
+def _boot_time(proc_root):
+    try:
+        for line in _read_text(os.path.join(proc_root, 'stat')).splitlines():
+            if line.startswith('btime '):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _username(uid):
+    try:
+        import pwd  # pylint: disable=import-outside-toplevel
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+# ---------------------------------------------------------------------------- the inventory
+class InventoryResult(object):
+    """The outcome of one scan: records for the wanted pids and every fd holder."""
+
+    def __init__(self, records, fd_holders, readable, fds_denied, errors=None):
+        self.records = records            # pid -> ProcessRecord
+        self.fd_holders = fd_holders      # pid -> sorted device paths
+        self.readable = readable          # pids whose fds were fully read
+        self.fds_denied = fds_denied      # processes whose fds we could not read
+        self.errors = list(errors or [])
+
+    def record(self, pid):
+        """The ProcessRecord of ``pid`` (status ``not_found`` if this host does not see it)."""
+        rec = self.records.get(pid)
+        return rec if rec is not None else ProcessRecord(pid=pid)
+
+    def holders(self, listed_pids=()):
+        """Holders of GPU device files that the driver did not list (and that still exist)."""
+        listed = set(listed_pids)
+        result = []
+        for pid in sorted(self.fd_holders):
+            if pid in listed:
+                continue
+            rec = self.record(pid)
+            if not rec.found:
+                continue  # exited since the fd scan: it holds nothing any more
+            result.append(Holder.from_record(rec, self.fd_holders[pid]))
+        return result
+
+
+class ProcessInventory(object):
+    """Reads the process table.  ``dev_roots`` and ``proc_root`` are test seams, not user options.
+
+    ``use_psutil``: None = psutil when importable and proc_root is /proc; False = /proc files only.
+    ``exclude_pids``: never reported as holders (default: this process).
+    """
+
+    PSUTIL_ATTRS = ('pid', 'ppid', 'name', 'exe', 'cmdline', 'username', 'uids', 'create_time', 'status')
+
+    def __init__(self, dev_roots=None, proc_root='/proc', use_psutil=None, exclude_pids=None, scan_fds=True):
+        self.dev_roots = tuple(dev_roots) if dev_roots else DEFAULT_DEV_ROOTS
+        self.proc_root = proc_root
+        if use_psutil is None:
+            use_psutil = HAS_PSUTIL and os.path.abspath(proc_root) == '/proc'
+        if use_psutil and not HAS_PSUTIL:
+            use_psutil = False
+        self.use_psutil = use_psutil
+        self.exclude_pids = set(exclude_pids) if exclude_pids is not None else {os.getpid()}
+        self.scan_fds = scan_fds
+        self._btime = None
+
+    def scan(self, pids=()):
+        """One pass: fd scan of every process, then records for ``pids`` and every holder."""
+        errors = []
+        if self.scan_fds:
+            fd_holders, readable, denied = scan_device_fds(self.proc_root, self.dev_roots, self.exclude_pids)
+        else:
+            fd_holders, readable, denied = {}, set(), 0
+        wanted = set(int(p) for p in pids) | set(fd_holders)
+        records = {}
+        for pid in sorted(wanted):
+            try:
+                rec = self.record(pid)
+            except Exception as exc:  # pylint: disable=broad-except
+                errors.append('could not read process %d: %s' % (pid, exc))
+                rec = ProcessRecord(pid=pid)
+            if self.scan_fds and rec.found:
+                if pid in readable:
+                    rec.device_paths = list(fd_holders.get(pid, []))
+                elif pid in fd_holders:
+                    rec.device_paths = list(fd_holders[pid])
+            records[pid] = rec
+        return InventoryResult(records, fd_holders, readable, denied, errors)
+
+    # ------------------------------------------------------------------ one record
+    def record(self, pid):
+        """A ProcessRecord for ``pid`` (status ``not_found`` when this host does not see it)."""
+        rec = self._record_psutil(pid) if self.use_psutil else self._record_proc(pid)
+        if rec.found:
+            rec.container, rec.slurm_job = self._cgroup(pid)
+            if rec.starttime is None:
+                rec.starttime = read_starttime(pid, self.proc_root)
+        return rec
+
+    def _cgroup(self, pid):
+        try:
+            return parse_cgroup(_read_text(os.path.join(self.proc_root, str(pid), 'cgroup')))
+        except OSError:
+            return None, None
+
+    def _record_psutil(self, pid):
+        try:
+            proc = psutil.Process(pid)
+            info = proc.as_dict(attrs=list(self.PSUTIL_ATTRS), ad_value=None)
+        except psutil.NoSuchProcess:
+            return ProcessRecord(pid=pid)
+        except psutil.AccessDenied:
+            return ProcessRecord(pid=pid, status='unknown')
+        uids = info.get('uids')
+        cmdline = info.get('cmdline')
+        return ProcessRecord(
+            pid=pid,
+            status=info.get('status') or 'unknown',
+            user=info.get('username'),
+            uid=uids.real if uids is not None else None,
+            name=info.get('name'),
+            cmdline=list(cmdline) if cmdline is not None else None,
+            create_time=info.get('create_time'),
+            ppid=info.get('ppid'),
+            exe=info.get('exe') or None,
+        )
+
+    def _record_proc(self, pid):
+        base = os.path.join(self.proc_root, str(pid))
+        try:
+            stat = parse_stat(_read_text(os.path.join(base, 'stat')))
+        except (OSError, ValueError, IndexError):
+            return ProcessRecord(pid=pid)
+        rec = ProcessRecord(pid=pid, status=_STATES.get(stat['state'], stat['state']), name=stat['comm'],
+                            ppid=stat['ppid'], starttime=stat['starttime'])
+        try:
+            raw = _read_text(os.path.join(base, 'cmdline'))
+            parts = raw.split('\x00')
+            if parts and parts[-1] == '':
+                parts = parts[:-1]
+            rec.cmdline = parts
+        except OSError:
+            rec.cmdline = None
+        try:
+            for line in _read_text(os.path.join(base, 'status')).splitlines():
+                if line.startswith('Uid:'):
+                    rec.uid = int(line.split()[1])
+                    rec.user = _username(rec.uid)
+                    break
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            rec.exe = os.readlink(os.path.join(base, 'exe'))
+        except OSError:
+            rec.exe = None
+        if self._btime is None:
+            self._btime = _boot_time(self.proc_root)
+        if self._btime is not None:
+            try:
+                ticks = os.sysconf('SC_CLK_TCK')
+            except (ValueError, OSError, AttributeError):
+                ticks = 100
+            rec.create_time = round(self._btime + stat['starttime'] / float(ticks), 2)
+        if rec.status == NOT_FOUND:
+            rec.status = 'unknown'
+        return rec

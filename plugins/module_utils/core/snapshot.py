@@ -1,0 +1,186 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This file is part of the PRIVATE core of the gpufleet.reclaim collection. It can change at any time.
+"""One consistent read of a host: every selected backend once, then the process table once.
+
+``take_snapshot()`` is the only entry point the modules and the agent use to look at GPUs.
+Host-wide ``index`` is the position across vendors (NVIDIA first, then AMD, Intel, Apple), so on
+an NVIDIA-only host it equals the NVML / nvidia-smi index; ``vendor_index`` is the vendor
+library's own index.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from .backends import select
+from .backends.base import error_text
+from .errors import InvalidArgument
+from .model import GpuProcess
+from .processes import ProcessInventory, device_key
+
+# The first DRM render node minor: /dev/dri/renderD<128 + card minor>.
+DRM_RENDER_BASE = 128
+
+
+class Snapshot(object):
+    """The result of take_snapshot().  ``devices`` are the selected GPUs in host-wide index order."""
+
+    def __init__(self, backends, devices, all_devices, processes, holders, taken_at, errors=None,
+                 fds_denied=0, gathered_processes=True):
+        self.backends = backends              # OrderedDict vendor -> BackendStatus
+        self.devices = devices                # selected Devices
+        self.all_devices = all_devices        # every Device the backends returned
+        self.processes = processes            # GpuProcess, by pid
+        self.holders = holders                # Holder, by pid
+        self.taken_at = taken_at
+        self.errors = list(errors or [])
+        self.fds_denied = fds_denied
+        self.gathered_processes = gathered_processes
+
+    def device(self, key):
+        """The device with host-wide index or UUID ``key`` (among all devices), or None."""
+        for dev in self.all_devices:
+            if _matches(dev, key):
+                return dev
+        return None
+
+    def process(self, pid):
+        for proc in self.processes:
+            if proc.pid == pid:
+                return proc
+        return None
+
+    def to_facts(self):
+        """The ``ansible_facts.gpu`` dictionary (docs/design/contracts.md)."""
+        return {
+            'backends': OrderedDict((name, status.to_dict()) for name, status in self.backends.items()),
+            'devices': [dev.to_dict() for dev in self.devices],
+            'processes': [proc.to_dict() for proc in self.processes],
+            'holders': [holder.to_dict() for holder in self.holders],
+        }
+
+
+def _key_text(key):
+    return str(key).strip()
+
+
+def _matches(dev, key):
+    text = _key_text(key)
+    if text.isdigit():
+        return dev.index == int(text)
+    return dev.uuid is not None and dev.uuid.lower() == text.lower()
+
+
+def resolve_gpus(devices, gpus):
+    """Select ``devices`` by host-wide indexes or UUIDs (strings or ints).
+
+    ``None`` selects every device.  Raises InvalidArgument naming the first value that matches no GPU.
+    """
+    if gpus is None:
+        return list(devices)
+    wanted = []
+    for key in gpus:
+        text = _key_text(key)
+        if not text:
+            raise InvalidArgument('gpus', key, 'an empty value is neither a GPU index nor a UUID')
+        found = [dev for dev in devices if _matches(dev, text)]
+        if not found:
+            known = ', '.join('%s (%s)' % (dev.index, dev.uuid or 'no UUID') for dev in devices) or 'none'
+            raise InvalidArgument('gpus', key, 'no GPU on this host has this index or UUID; GPUs here: %s' % known)
+        for dev in found:
+            if dev not in wanted:
+                wanted.append(dev)
+    return sorted(wanted, key=lambda d: d.index)
+
+
+def _holder_gpus(paths, devices, dev_roots):
+    """Host-wide indexes of the GPUs that a holder's device files name (shared nodes name none)."""
+    indexes = set()
+    for path in paths:
+        key = device_key(path, dev_roots)
+        if key is None:
+            continue
+        kind, number = key
+        for dev in devices:
+            if dev.minor is None:
+                continue
+            if kind == 'nvidia' and dev.vendor == 'nvidia' and dev.minor == number:
+                indexes.add(dev.index)
+            elif kind == 'renderD' and dev.vendor != 'nvidia' and dev.minor + DRM_RENDER_BASE == number:
+                indexes.add(dev.index)
+            elif kind == 'card' and dev.vendor != 'nvidia' and dev.minor == number:
+                indexes.add(dev.index)
+    return sorted(indexes)
+
+
+def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=None, factories=None,
+                  dev_roots=None, proc_root='/proc'):
+    """Read every selected backend and the process table once; return a Snapshot.
+
+    vendor: ``auto`` (every backend whose library loads) or one of nvidia, amd, intel, apple.
+    gpus: host-wide indexes or UUIDs to report (None = all); an unknown one raises InvalidArgument.
+    gather_processes: join driver pids with the process table and scan fds for holders.
+    inventory: a ProcessInventory (tests); else one is built from dev_roots / proc_root (test seams).
+    factories: vendor -> callable returning a Backend (tests).
+    """
+    taken_at = time.time()
+    errors = []
+    selection = select(vendor, factories)
+    all_devices = []
+    try:
+        for backend in selection.backends:
+            try:
+                devs = list(backend.devices())
+            except Exception as exc:  # pylint: disable=broad-except
+                status = selection.statuses[backend.name]
+                status.error = 'reading the GPUs failed: %s' % error_text(exc)
+                errors.append('%s: %s' % (backend.name, status.error))
+                devs = []
+            devs.sort(key=lambda d: d.vendor_index)
+            all_devices.extend(devs)
+    finally:
+        selection.close()  # a GPU reset needs our own library session gone
+    for index, dev in enumerate(all_devices):
+        dev.index = index
+
+    selected = resolve_gpus(all_devices, gpus)
+    for dev in selected:
+        dev.compute_orphaned()
+
+    processes = []
+    holders = []
+    fds_denied = 0
+    if gather_processes:
+        if inventory is None:
+            inventory = ProcessInventory(dev_roots=dev_roots, proc_root=proc_root)
+        by_pid = OrderedDict()
+        for dev in selected:
+            for dproc in dev.driver_processes:
+                proc = by_pid.get(dproc.pid)
+                if proc is None:
+                    proc = by_pid[dproc.pid] = GpuProcess(pid=dproc.pid)
+                proc.add_gpu(dev.index, dproc.used_mib, dproc.types)
+        listed_anywhere = set(p.pid for dev in all_devices for p in dev.driver_processes)
+        result = inventory.scan(sorted(by_pid))
+        errors.extend(result.errors)
+        fds_denied = result.fds_denied
+        for pid in sorted(by_pid):
+            proc = by_pid[pid]
+            proc.join(result.record(pid))
+            processes.append(proc)
+        selected_indexes = set(dev.index for dev in selected)
+        for holder in result.holders(listed_anywhere):
+            holder.gpu_indexes = _holder_gpus(holder.devices, all_devices, inventory.dev_roots)
+            if gpus is not None and holder.gpu_indexes and not selected_indexes.intersection(holder.gpu_indexes):
+                continue
+            holders.append(holder)
+        if fds_denied:
+            errors.append('the open files of %d process(es) could not be read (run as root to see every holder)' % fds_denied)
+
+    return Snapshot(backends=selection.statuses, devices=selected, all_devices=all_devices, processes=processes,
+                    holders=holders, taken_at=taken_at, errors=errors, fds_denied=fds_denied,
+                    gathered_processes=gather_processes)

@@ -1,0 +1,82 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
+"""Parsing of the durations and sizes that users write in module options and policies."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import InvalidArgument
+
+_DURATION_UNITS = {
+    '': 1.0, 'ms': 0.001, 's': 1.0, 'sec': 1.0, 'secs': 1.0, 'second': 1.0, 'seconds': 1.0,
+    'm': 60.0, 'min': 60.0, 'mins': 60.0, 'minute': 60.0, 'minutes': 60.0,
+    'h': 3600.0, 'hr': 3600.0, 'hrs': 3600.0, 'hour': 3600.0, 'hours': 3600.0,
+    'd': 86400.0, 'day': 86400.0, 'days': 86400.0, 'w': 604800.0, 'week': 604800.0, 'weeks': 604800.0,
+}
+_DURATION_PART = re.compile(r'(\d+(?:\.\d+)?)\s*([a-z]*)')
+
+# Sizes are MiB in the core.  Decimal units follow the habits of GPU tools: nvidia-smi and
+# gpu-kill write "GB" for GiB, so GB/G/GiB all mean 1024 MiB here.
+_SIZE_UNITS = {
+    '': 1.0, 'm': 1.0, 'mb': 1.0, 'mib': 1.0,
+    'g': 1024.0, 'gb': 1024.0, 'gib': 1024.0,
+    't': 1048576.0, 'tb': 1048576.0, 'tib': 1048576.0,
+    'k': 1.0 / 1024, 'kb': 1.0 / 1024, 'kib': 1.0 / 1024,
+}
+_SIZE = re.compile(r'^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$')
+
+
+def parse_duration(value, field='duration'):
+    """Seconds (float) from ``90``, ``'90s'``, ``'30m'``, ``'1h30m'`` or ``'2 hours'``.
+
+    Raises InvalidArgument naming ``field`` and the value for anything else, including negative
+    numbers and empty strings.
+    """
+    if isinstance(value, bool):
+        raise InvalidArgument(field, value, 'expected a duration such as 90s, 30m or 2h')
+    if isinstance(value, (int, float)):
+        if value < 0 or value != value:  # NaN is not equal to itself
+            raise InvalidArgument(field, value, 'a duration must not be negative')
+        return float(value)
+    if not isinstance(value, str):
+        raise InvalidArgument(field, value, 'expected a duration such as 90s, 30m or 2h')
+    text = value.strip().lower()
+    if not text or len(text) > 64:
+        raise InvalidArgument(field, value, 'expected a duration such as 90s, 30m or 2h')
+    total = 0.0
+    pos = 0
+    parts = list(_DURATION_PART.finditer(text))
+    for match in parts:
+        if text[pos:match.start()].strip():
+            raise InvalidArgument(field, value, 'expected a duration such as 90s, 30m or 2h')
+        unit = match.group(2)
+        if not unit and len(parts) > 1:
+            raise InvalidArgument(field, value, 'every part of a compound duration needs a unit, as in 1h30m')
+        if unit not in _DURATION_UNITS:
+            raise InvalidArgument(field, value, 'unknown duration unit %r (use ms, s, m, h, d or w)' % unit)
+        total += float(match.group(1)) * _DURATION_UNITS[unit]
+        pos = match.end()
+    if pos == 0 or text[pos:].strip():
+        raise InvalidArgument(field, value, 'expected a duration such as 90s, 30m or 2h')
+    return total
+
+
+def parse_size_mib(value, field='size'):
+    """MiB (float) from ``4096``, ``'8GB'``, ``'8 GiB'``, ``'512M'``.  A bare number is MiB."""
+    if isinstance(value, bool):
+        raise InvalidArgument(field, value, 'expected a size such as 512MiB or 8GiB')
+    if isinstance(value, (int, float)):
+        if value < 0 or value != value:
+            raise InvalidArgument(field, value, 'a size must not be negative')
+        return float(value)
+    if not isinstance(value, str):
+        raise InvalidArgument(field, value, 'expected a size such as 512MiB or 8GiB')
+    match = _SIZE.match(value)
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise InvalidArgument(field, value, 'expected a size such as 512MiB or 8GiB')
+    return float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]

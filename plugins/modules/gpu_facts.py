@@ -1,0 +1,417 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_facts
+short_description: Gather facts about GPUs, the processes using them and other holders of GPU device files
+version_added: 0.1.0
+description:
+  - Reads every GPU of the host through its vendor library (NVML for NVIDIA, amdsmi for AMD) in one pass and
+    returns them as RV(ansible_facts.gpu), together with the processes the driver lists on them, joined with the
+    host's process table (user, command line, container, Slurm job), and the processes that hold GPU device files
+    open without being listed by the driver.
+  - A vendor whose library is missing is not an error; RV(ansible_facts.gpu.backends) says why it is unavailable.
+    A host without any GPU succeeds with empty lists unless O(fail_on_no_gpu=true).
+  - Values the driver cannot tell are V(null), never V(0).
+author:
+  - gpufleet.reclaim developers (!UNKNOWN)
+requirements:
+  - psutil
+  - nvidia-ml-py (for NVIDIA GPUs; without it the C(nvidia) backend reports itself unavailable)
+  - amdsmi (for AMD GPUs; the Python library of the installed ROCm release)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
+  - gpufleet.reclaim._attributes
+  - gpufleet.reclaim._attributes.FACTS_MODULE
+  - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
+attributes:
+  platform:
+    support: full
+    platforms: posix
+options:
+  vendor:
+    description:
+      - Which vendor library to read.
+      - V(auto) reads every vendor whose library loads on the host.
+      - V(intel) and V(apple) are not implemented yet and always report the backend unavailable.
+    type: str
+    default: auto
+    choices: [auto, nvidia, amd, intel, apple]
+  gather_processes:
+    description:
+      - Join the driver's process lists with the host's process table and scan open files for other holders
+        of GPU device files.
+      - When V(false), RV(ansible_facts.gpu.processes) and RV(ansible_facts.gpu.holders) are empty; each device
+        still lists the pids the driver reports.
+    type: bool
+    default: true
+  gpus:
+    description:
+      - Report only these GPUs, each given as a host-wide index (as in RV(ansible_facts.gpu.devices[].index))
+        or as a UUID.
+      - A value that matches no GPU of the host fails the task.
+      - Omit to report every GPU.
+    type: list
+    elements: str
+  fail_on_no_gpu:
+    description:
+      - Fail when no GPU is found, naming each backend's reason.
+    type: bool
+    default: false
+notes:
+  - Run as root (C(become=true)) to see the processes and open files of other users; without privileges the
+    driver may refuse the process lists, which is reported in the device's RV(ansible_facts.gpu.devices[].health.reasons).
+  - The NVIDIA driver reports process ids of the host's PID namespace. A listed process that is not visible here
+    (the module runs in a container) has RV(ansible_facts.gpu.processes[].status=not_found).
+seealso:
+  - name: NVML API reference
+    description: The NVIDIA Management Library that the NVIDIA backend reads.
+    link: https://docs.nvidia.com/deploy/nvml-api/
+"""
+
+EXAMPLES = r"""
+- name: Gather GPU facts
+  gpufleet.reclaim.gpu_facts:
+
+- name: Show memory use per GPU
+  ansible.builtin.debug:
+    msg: "GPU {{ item.index }} ({{ item.name }}): {{ item.memory_used_mib }} / {{ item.memory_total_mib }} MiB"
+  loop: "{{ ansible_facts.gpu.devices }}"
+
+- name: Gather facts about two GPUs only, without the process table
+  gpufleet.reclaim.gpu_facts:
+    gpus:
+      - "0"
+      - GPU-6f7c1b2e-0d4a-4e1b-9a43-2c1f0e5d7a11
+    gather_processes: false
+
+- name: Require an NVIDIA GPU
+  gpufleet.reclaim.gpu_facts:
+    vendor: nvidia
+    fail_on_no_gpu: true
+  become: true
+
+- name: List GPUs holding memory that no process accounts for
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.gpu.devices | selectattr('orphaned_mib') | map(attribute='index') | list }}"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts to add to C(ansible_facts).
+  returned: always
+  type: dict
+  contains:
+    gpu:
+      description: The GPUs of the host, the processes using them and the holders of GPU device files.
+      returned: always
+      type: dict
+      contains:
+        backends:
+          description:
+            - One entry per vendor (V(nvidia), V(amd), V(intel), V(apple)) saying whether its library could be used.
+          returned: always
+          type: dict
+          contains:
+            available:
+              description: Whether the vendor library loaded and initialised.
+              type: bool
+              returned: always
+              sample: true
+            version:
+              description: Driver version reported by the vendor library, V(null) when unknown.
+              type: str
+              returned: always
+              sample: 550.54.15
+            error:
+              description: Why the backend is unavailable (or why reading it failed), else V(null).
+              type: str
+              returned: always
+              sample: nvidia-ml-py (pynvml) is not installed
+          sample:
+            nvidia: {available: true, version: 550.54.15, error: null}
+            amd: {available: false, version: null, error: amdsmi (the ROCm AMD SMI Python library) is not installed}
+            intel: {available: false, version: null, error: Intel GPU support is not implemented yet}
+            apple: {available: false, version: null, error: Apple GPUs exist only on macOS hosts (this host is linux)}
+        devices:
+          description: The GPUs (those selected by O(gpus)), in host-wide index order.
+          returned: always
+          type: list
+          elements: dict
+          contains:
+            index:
+              description:
+                - Host-wide index, the position across vendors (NVIDIA first, then AMD).
+                - Equals the C(nvidia-smi) index on hosts with NVIDIA GPUs only.
+              type: int
+              returned: always
+              sample: 0
+            vendor:
+              description: Vendor of the GPU.
+              type: str
+              returned: always
+              sample: nvidia
+            vendor_index:
+              description: Index of the GPU in its vendor library.
+              type: int
+              returned: always
+              sample: 0
+            uuid:
+              description: UUID of the GPU, V(null) when it cannot be read (for example a lost GPU).
+              type: str
+              returned: always
+              sample: GPU-6f7c1b2e-0d4a-4e1b-9a43-2c1f0e5d7a11
+            name:
+              description: Product name.
+              type: str
+              returned: always
+              sample: NVIDIA A100-SXM4-80GB
+            pci_bus_id:
+              description: PCI bus id as the vendor library formats it.
+              type: str
+              returned: always
+              sample: 00000000:07:00.0
+            memory_total_mib:
+              description: Total memory in MiB.
+              type: int
+              returned: always
+              sample: 81559
+            memory_used_mib:
+              description:
+                - Used memory in MiB, excluding memory the driver reserves for itself when the driver reports it
+                  separately (NVIDIA drivers 510 and later), as C(nvidia-smi) shows it.
+              type: int
+              returned: always
+              sample: 30720
+            memory_free_mib:
+              description: Free memory in MiB.
+              type: int
+              returned: always
+              sample: 50839
+            utilization_pct:
+              description: GPU (compute/graphics engine) utilization in percent.
+              type: int
+              returned: always
+              sample: 97
+            temperature_c:
+              description: GPU temperature in degrees Celsius.
+              type: int
+              returned: always
+              sample: 34
+            power_w:
+              description: Power draw in watts.
+              type: float
+              returned: always
+              sample: 61.0
+            power_limit_w:
+              description: Enforced power limit in watts.
+              type: float
+              returned: always
+              sample: 400.0
+            orphaned_mib:
+              description:
+                - Used memory in MiB that no process listed by the driver accounts for (used memory minus the sum of
+                  the listed processes' memory, never below 0), for example memory leaked after a crash, or held by
+                  forked children that the driver no longer lists.
+                - V(null) when it cannot be computed (a process list could not be read, a process's memory is not
+                  available, or the GPU is lost).
+              type: int
+              returned: always
+              sample: 0
+            health:
+              description: Health of the GPU.
+              type: dict
+              returned: always
+              contains:
+                status:
+                  description: V(ok), V(degraded) or V(lost) (the GPU stopped answering).
+                  type: str
+                  returned: always
+                  sample: ok
+                recommended_action:
+                  description: V(none), V(reset), V(reboot) or V(drain) (take the GPU out of service).
+                  type: str
+                  returned: always
+                  sample: none
+                reasons:
+                  description:
+                    - Why the status is not V(ok), and readings that failed (for example a process list that the
+                      driver refused without root).
+                  type: list
+                  elements: str
+                  returned: always
+                  sample: []
+            processes:
+              description: Pids the driver lists on this GPU (compute, graphics and MPS).
+              type: list
+              elements: int
+              returned: always
+              sample: [12345]
+        processes:
+          description:
+            - Processes the driver lists on the selected GPUs, one entry per pid, joined with the host's process table.
+            - Empty when O(gather_processes=false).
+          returned: always
+          type: list
+          elements: dict
+          contains:
+            pid:
+              description: Process id as the driver reports it.
+              type: int
+              returned: always
+              sample: 12345
+            gpu_indexes:
+              description: Host-wide indexes of the GPUs the process uses.
+              type: list
+              elements: int
+              returned: always
+              sample: [0]
+            used_mib:
+              description: GPU memory used by the process, summed over its GPUs, in MiB; V(null) when not available.
+              type: int
+              returned: always
+              sample: 4096
+            user:
+              description: Owner of the process.
+              type: str
+              returned: always
+              sample: alice
+            uid:
+              description: Real user id of the process.
+              type: int
+              returned: always
+              sample: 1000
+            name:
+              description: Process name.
+              type: str
+              returned: always
+              sample: python
+            cmdline:
+              description: Command line, V(null) when it cannot be read.
+              type: list
+              elements: str
+              returned: always
+              sample: [python, train.py]
+            create_time:
+              description: Start time of the process, in seconds since the epoch.
+              type: float
+              returned: always
+              sample: 1767225600.52
+            status:
+              description:
+                - Process state as psutil names it (V(running), V(sleeping), V(disk-sleep), V(zombie), ...).
+                - V(not_found) when the driver lists a pid that this PID namespace does not see.
+              type: str
+              returned: always
+              sample: sleeping
+            container:
+              description:
+                - The container the process runs in, from its cgroup, else V(null).
+                - C(id) is the container id, C(runtime) one of V(docker), V(containerd), V(cri-o), V(podman) or
+                  V(null) when the cgroup path does not name it, C(pod_uid) the Kubernetes pod UID or V(null).
+              type: dict
+              returned: always
+              sample: {id: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef, runtime: containerd,
+                       pod_uid: 6f1c3c2a-7d1e-4a53-9a3b-2f7c8d9e0a1b}
+            slurm_job:
+              description: Slurm job id from the process's cgroup, else V(null).
+              type: str
+              returned: always
+              sample: "4242"
+        holders:
+          description:
+            - Processes that hold a GPU device file (C(/dev/nvidia*), C(/dev/dri/*), C(/dev/kfd)) open but are not listed
+              by the driver, for example forked workers that inherited a CUDA context, or monitoring daemons.
+            - Only processes whose open files can be read are seen; run as root to see everyone's.
+            - Empty when O(gather_processes=false).
+          returned: always
+          type: list
+          elements: dict
+          contains:
+            pid:
+              description: Process id.
+              type: int
+              returned: always
+              sample: 12346
+            user:
+              description: Owner of the process.
+              type: str
+              returned: always
+              sample: alice
+            name:
+              description: Process name.
+              type: str
+              returned: always
+              sample: python
+            cmdline:
+              description: Command line, V(null) when it cannot be read.
+              type: list
+              elements: str
+              returned: always
+              sample: [python, -c, worker]
+            devices:
+              description: The GPU device files the process holds open.
+              type: list
+              elements: str
+              returned: always
+              sample: [/dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm]
+"""
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
+
+
+def argument_spec():
+    return dict(
+        vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
+        gather_processes=dict(type='bool', default=True),
+        gpus=dict(type='list', elements='str'),
+        fail_on_no_gpu=dict(type='bool', default=False),
+    )
+
+
+def no_gpu_message(facts):
+    reasons = []
+    for name, status in facts['backends'].items():
+        if status['available']:
+            reasons.append('%s: no GPU found' % name)
+        else:
+            reasons.append('%s: %s' % (name, status['error']))
+    return 'No GPU found on this host (%s)' % '; '.join(reasons)
+
+
+def main():
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+
+    if not HAS_PSUTIL:
+        module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
+
+    params = module.params
+    try:
+        snapshot = take_snapshot(vendor=params['vendor'], gpus=params['gpus'],
+                                 gather_processes=params['gather_processes'])
+    except InvalidArgument as exc:
+        module.fail_json(msg=str(exc), field=exc.field, value=exc.value)
+    except GpuFleetError as exc:
+        module.fail_json(msg=str(exc))
+
+    facts = snapshot.to_facts()
+    if params['fail_on_no_gpu'] and not snapshot.all_devices:
+        module.fail_json(msg=no_gpu_message(facts), ansible_facts=dict(gpu=facts))
+
+    module.exit_json(changed=False, ansible_facts=dict(gpu=facts))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,407 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_kill
+short_description: Safely terminate GPU processes and verify that their GPU memory comes back
+version_added: 0.1.0
+description:
+  - Selects GPU processes by pid, GPU, user, name, command line, memory, age, idleness or orphan state (a process
+    must match every selector given), never touches protected processes, signals the selected processes in
+    parallel, escalates to SIGKILL only with O(force=true), and then waits until the driver shows their GPU
+    memory as free.
+  - Each target is identified at discovery by its pid and its start time. Immediately before each signal the
+    module checks that the pid still names that process (with a pidfd on Linux 5.3+ and Python 3.9+), so a
+    reused pid is skipped, never signalled.
+  - A call without any selector fails; O(gpus) and O(exclude_users) only narrow a selection. To empty whole
+    GPUs, for example before a reset, use O(all_on_gpus=true).
+  - Every run that signals something is appended to a hash-chained JSON Lines log on the node (O(audit_log)).
+author:
+  - gpufleet.reclaim developers (!UNKNOWN)
+requirements:
+  - psutil
+  - nvidia-ml-py (for NVIDIA GPUs)
+  - amdsmi (for AMD GPUs)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpufleet.reclaim._attributes
+  - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Check mode runs the whole selection and protection logic and returns in RV(killed) exactly the processes
+        a real run would signal, without sending any signal.
+      - With O(idle_for), check mode still records one utilization sample per GPU process in O(utilization_history).
+  diff_mode:
+    support: full
+    details:
+      - The diff lists the selected processes before and the ones that would remain after.
+  idempotent:
+    support: full
+    details:
+      - A second run with the same selectors finds nothing left to signal and reports no change.
+  platform:
+    support: full
+    platforms: posix
+options:
+  pids:
+    description: Select these process ids.
+    type: list
+    elements: int
+  gpus:
+    description:
+      - Only processes on these GPUs, each a host-wide index (see gpufleet.reclaim.gpu_facts) or a UUID.
+      - A value that matches no GPU fails the task before anything is signalled.
+    type: list
+    elements: str
+  users:
+    description: Only processes of these users (login names).
+    type: list
+    elements: str
+  exclude_users:
+    description: Never select processes of these users.
+    type: list
+    elements: str
+  name:
+    description:
+      - Only processes whose name matches this Python regular expression (searched, not anchored).
+      - Patterns longer than 512 characters and nested quantifiers such as V((a+\)+) are rejected.
+    type: str
+  cmdline:
+    description: Only processes whose command line, joined with spaces, matches this Python regular expression (searched).
+    type: str
+  min_used_mib:
+    description: Only processes that hold at least this much GPU memory (MiB).
+    type: int
+  idle_for:
+    description:
+      - Only processes that hold GPU memory while their GPU utilization stayed at or below O(idle_util_pct) for at least
+        this long, for example V(30m) or V(2h).
+      - Idleness is sampled. Each gpu_kill run with O(idle_for), and each tick of the guard timer, records one
+        utilization sample per GPU process in O(utilization_history). A process is idle since the oldest sample of the
+        unbroken run of idle samples that ends with the current one. The per-process figure is the driver's own
+        per-process utilization (NVML process utilization samples) where it exists, else the GPU's utilization when
+        the process is alone on it; otherwise it is unknown and the process is never called idle.
+      - So the first run only starts the clock. Run gpu_kill (or the guard) periodically, or rely on the guard's samples.
+    type: str
+  idle_util_pct:
+    description: The utilization (percent) at or below which a sample counts as idle.
+    type: int
+    default: 5
+  older_than:
+    description: Only processes that have been running for at least this long, for example V(12h).
+    type: str
+  orphans:
+    description:
+      - Select processes that hold GPU device files (C(/dev/nvidia*), C(/dev/dri/*), C(/dev/kfd)) while the driver
+        does not list them, such as children left behind by a dead parent.
+    type: bool
+    default: false
+  rogue:
+    description:
+      - Select processes that the rogue (crypto-miner) detector classifies at or above O(rogue_min_level).
+      - The detector ships with gpufleet.reclaim.gpu_audit; until it is available this option fails with a clear message.
+    type: bool
+    default: false
+  rogue_min_level:
+    description: The lowest rogue level that O(rogue=true) selects.
+    type: str
+    default: critical
+    choices: [info, medium, high, critical]
+  all_on_gpus:
+    description: Select every process on the GPUs named in O(gpus), for example to drain them before a reset.
+    type: bool
+    default: false
+  signal:
+    description: The first signal to send.
+    type: str
+    default: TERM
+    choices: [TERM, INT, HUP, QUIT, KILL, USR1, USR2]
+  timeout:
+    description: Seconds to wait for the processes to exit after O(signal).
+    type: float
+    default: 10
+  force:
+    description:
+      - Send SIGKILL to processes still running after O(timeout). Without it, survivors are reported in RV(failed).
+    type: bool
+    default: false
+  tree:
+    description: Also terminate the children of each selected process (collected before the first signal).
+    type: bool
+    default: true
+  release_timeout:
+    description:
+      - Seconds to wait, after the processes exit, for the driver to show their memory as free.
+      - Memory still held then is reported in RV(unreleased) with the likely cause.
+    type: float
+    default: 15
+  protect_names:
+    description:
+      - Processes with these names (process name, executable basename or C(argv[0]) basename) are never signalled.
+      - Replaces the default list; include the defaults to extend it.
+    type: list
+    elements: str
+    default: [Xorg, X, Xwayland, gnome-shell, kwin_x11, kwin_wayland, gdm, gdm3, sddm, lightdm, WindowServer,
+              nvidia-persistenced, nv-hostengine, dcgm-exporter, dcgmi, nvidia-fabricmanager, sshd, systemd, init,
+              containerd, dockerd, kubelet, slurmd, slurmstepd]
+  protect_users:
+    description: Processes of these users are never signalled.
+    type: list
+    elements: str
+    default: []
+  vendor:
+    description: Which vendor library to read (V(auto) reads every one that loads).
+    type: str
+    default: auto
+    choices: [auto, nvidia, amd, intel, apple]
+  audit_log:
+    description: JSON Lines file on the node that each run which signals something is appended to. An empty value disables it.
+    type: path
+    default: /var/log/gpufleet/actions.jsonl
+  utilization_history:
+    description: Where the utilization samples for O(idle_for) are kept on the node.
+    type: path
+    default: /var/lib/gpufleet/utilization.json
+notes:
+  - Never signalled, whatever the selectors say, in check mode or not - pid 0 and 1, the module's own process, its
+    ancestors and its session, kernel threads, processes named in O(protect_names), processes of O(protect_users),
+    and, for a non-root caller, processes of other users.
+  - A pid that the driver lists but that is not visible in the module's PID namespace (a container without
+    C(--pid=host)) is never signalled, and a visible pid that holds no GPU device file is skipped as a likely
+    pid-namespace collision. Both are reported in RV(skipped) with the reason.
+  - A process that exits by itself during the run counts as killed, not as an error.
+seealso:
+  - module: gpufleet.reclaim.gpu_facts
+"""
+
+EXAMPLES = r"""
+- name: Kill everything bob runs on GPUs, escalating to SIGKILL after 10 seconds
+  gpufleet.reclaim.gpu_kill:
+    users: [bob]
+    force: true
+  become: true
+
+- name: Show what would be reclaimed from idle holders of at least 10 GiB
+  gpufleet.reclaim.gpu_kill:
+    idle_for: 2h
+    min_used_mib: 10240
+    exclude_users: [svc-inference]
+  check_mode: true
+  register: idle
+
+- name: Empty GPUs 2 and 3 before a reset
+  gpufleet.reclaim.gpu_kill:
+    gpus: ["2", "3"]
+    all_on_gpus: true
+    force: true
+    timeout: 30
+  become: true
+
+- name: Kill processes named like xmrig wherever they hide, and orphans holding GPU devices
+  gpufleet.reclaim.gpu_kill:
+    name: "^(xmrig|t-rex|lolMiner)$"
+    force: true
+  become: true
+"""
+
+RETURN = r"""
+killed:
+  description:
+    - The processes that were signalled and exited (in check mode, the ones that would be signalled).
+    - Children collected with O(tree=true) carry RV(killed[].parent_pid).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+      returned: always
+    user:
+      description: Owner.
+      type: str
+      returned: always
+    name:
+      description: Process name.
+      type: str
+      returned: always
+    cmdline:
+      description: Command line.
+      type: list
+      elements: str
+      returned: always
+    gpu_indexes:
+      description: Host-wide indexes of the GPUs the process used.
+      type: list
+      elements: int
+      returned: always
+    used_mib:
+      description: GPU memory the process held (MiB), V(null) when unknown.
+      type: int
+      returned: always
+    signals:
+      description: Signals sent, in order, for example V([SIGTERM, SIGKILL]).
+      type: list
+      elements: str
+      returned: always
+    seconds_to_exit:
+      description: Seconds from the first signal until the process was gone.
+      type: float
+      returned: always
+    seconds_to_release:
+      description: Seconds from the start of the release check until the driver showed the memory as free.
+      type: float
+      returned: always
+    selected_because:
+      description: Why the process was selected.
+      type: list
+      elements: str
+      returned: always
+    reason:
+      description: Notes, for example that the process exited by itself.
+      type: str
+      returned: always
+  sample:
+    - pid: 41234
+      user: bob
+      name: python
+      cmdline: [python, train.py]
+      gpu_indexes: [0]
+      used_mib: 12288
+      signals: [SIGTERM]
+      seconds_to_exit: 0.21
+      seconds_to_release: 0.4
+      selected_because: [user bob]
+      reason: null
+skipped:
+  description: Processes that were selected but not signalled, with the reason (protected, reused pid, not visible here).
+  returned: always
+  type: list
+  elements: dict
+failed:
+  description: Processes that were signalled but are still running, with the reason (ignored SIGTERM without force, D state).
+  returned: always
+  type: list
+  elements: dict
+freed_mib:
+  description: MiB freed per GPU (keys are host-wide GPU indexes as strings), measured through the driver.
+  returned: always
+  type: dict
+  sample: {"0": 12288}
+unreleased:
+  description: GPUs whose memory did not come back within O(release_timeout), with the MiB still held and the likely cause.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - gpu: 1
+      unreleased_mib: 4096
+      cause: "no process holds the device any more: the driver kept the memory (a leak); gpufleet.reclaim.gpu_reset clears it"
+unreleased_mib:
+  description: Total MiB not released.
+  returned: always
+  type: int
+seconds:
+  description: Wall time of the module's work, from the snapshot to the confirmed release.
+  returned: always
+  type: float
+msg:
+  description: One-line summary.
+  returned: always
+  type: str
+  sample: killed 2 process(es), skipped 0, failed 0; freed 24576 MiB
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reclaim import SIGNALS, ReclaimOptions, reclaim
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import ROGUE_LEVELS, Selector
+
+
+def argument_spec():
+    return dict(
+        pids=dict(type='list', elements='int'),
+        gpus=dict(type='list', elements='str'),
+        users=dict(type='list', elements='str'),
+        exclude_users=dict(type='list', elements='str'),
+        name=dict(type='str'),
+        cmdline=dict(type='str'),
+        min_used_mib=dict(type='int'),
+        idle_for=dict(type='str'),
+        idle_util_pct=dict(type='int', default=5),
+        older_than=dict(type='str'),
+        orphans=dict(type='bool', default=False),
+        rogue=dict(type='bool', default=False),
+        rogue_min_level=dict(type='str', default='critical', choices=list(ROGUE_LEVELS)),
+        all_on_gpus=dict(type='bool', default=False),
+        signal=dict(type='str', default='TERM', choices=list(SIGNALS)),
+        timeout=dict(type='float', default=10.0),
+        force=dict(type='bool', default=False),
+        tree=dict(type='bool', default=True),
+        release_timeout=dict(type='float', default=15.0),
+        protect_names=dict(type='list', elements='str', default=list(DEFAULT_PROTECT_NAMES)),
+        protect_users=dict(type='list', elements='str', default=[]),
+        vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
+        audit_log=dict(type='path', default='/var/log/gpufleet/actions.jsonl'),
+        utilization_history=dict(type='path', default='/var/lib/gpufleet/utilization.json'),
+    )
+
+
+def build(params):
+    """Validate every option before anything is read or signalled; raises InvalidArgument."""
+    for field in ('timeout', 'release_timeout'):
+        if params[field] < 0:
+            raise InvalidArgument(field, params[field], 'must not be negative')
+    selector = Selector(pids=params['pids'], gpus=params['gpus'], users=params['users'], exclude_users=params['exclude_users'],
+                        name=params['name'], cmdline=params['cmdline'], min_used_mib=params['min_used_mib'],
+                        idle_for=params['idle_for'], idle_util_pct=params['idle_util_pct'], older_than=params['older_than'],
+                        orphans=params['orphans'], rogue=params['rogue'], rogue_min_level=params['rogue_min_level'],
+                        all_on_gpus=params['all_on_gpus'])
+    options = ReclaimOptions(signal=params['signal'], timeout=params['timeout'], force=params['force'], tree=params['tree'],
+                             release_timeout=params['release_timeout'], protect_names=params['protect_names'],
+                             protect_users=params['protect_users'], vendor=params['vendor'],
+                             audit_path=params['audit_log'] or None, history_path=params['utilization_history'] or None)
+    return selector, options
+
+
+def main():
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    if not HAS_PSUTIL:
+        module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
+    try:
+        selector, options = build(module.params)
+        # reclaim() selects (resolving gpus, failing on an unknown one) before anything is signalled.
+        result = reclaim(selector, options, check_mode=module.check_mode)
+    except InvalidArgument as exc:
+        module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
+    except GpuFleetError as exc:
+        module.fail_json(msg=str(exc))
+    except Exception as exc:  # pylint: disable=broad-except
+        module.fail_json(msg='gpu_kill failed: %s' % exc, exception=traceback.format_exc())
+    warnings = result.pop('warnings', [])
+    for warning in warnings:
+        module.warn(warning)
+    if module._diff:
+        before = sorted('%d %s %s' % (e['pid'], e['user'], ' '.join(e['cmdline'])) for e in result['killed'] + result['failed'])
+        after = sorted('%d %s %s' % (e['pid'], e['user'], ' '.join(e['cmdline'])) for e in result['failed'])
+        result['diff'] = {'before': '\n'.join(before) + '\n' if before else '', 'after': '\n'.join(after) + '\n' if after else '',
+                          'before_header': 'selected GPU processes', 'after_header': 'GPU processes left running'}
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

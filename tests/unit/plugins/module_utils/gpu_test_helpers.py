@@ -1,0 +1,269 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Helpers shared by the core and gpu_facts unit tests: the simulator (fake NVML), state files,
+fake device directories and child processes that the tests start (and always reap).
+
+SAFETY: only processes started through ``Children`` are ever signalled, by their Popen object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils import core as _core
+
+MODULE_UTILS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_core.__file__)))
+SHIM_NAME = 'libnvidia-ml.so.1'
+GIB = 1024
+
+
+def _candidate_builds():
+    env = os.environ.get('GPUFLEET_SIM_BUILD')
+    if env:
+        yield env
+    # ansible-test does not pass GPUFLEET_SIM_BUILD through, and runs from a copy of the repo at
+    # <repo>/build/collections/ansible_collections/gpufleet/reclaim: look above this file.
+    here = os.path.dirname(os.path.abspath(__file__))
+    while True:
+        yield os.path.join(here, 'tests', 'sim', 'build')
+        parent = os.path.dirname(here)
+        if parent == here:
+            return
+        here = parent
+
+
+def sim_build():
+    """The simulator build directory holding libnvidia-ml.so.1, or None."""
+    for path in _candidate_builds():
+        if os.path.isfile(os.path.join(path, SHIM_NAME)):
+            return os.path.abspath(path)
+    return None
+
+
+def sim_dir():
+    build = sim_build()
+    return os.path.dirname(build) if build else None
+
+
+def shim_path(variant=''):
+    """Absolute path of the shim (variant 'r470': built with -DSIM_R470), or None."""
+    build = sim_build()
+    if build is None:
+        return None
+    path = os.path.join(build, variant, SHIM_NAME) if variant else os.path.join(build, SHIM_NAME)
+    return path if os.path.isfile(path) else None
+
+
+def starttime(pid):
+    """Field 22 of /proc/PID/stat."""
+    with open('/proc/%d/stat' % pid) as handle:
+        data = handle.read()
+    return int(data[data.rindex(')') + 2:].split()[19])
+
+
+def unused_pid():
+    """A pid number above pid_max: never alive on this host."""
+    try:
+        with open('/proc/sys/kernel/pid_max') as handle:
+            return int(handle.read()) + 4242
+    except (OSError, ValueError):
+        return 4194304 + 4242
+
+
+# ---------------------------------------------------------------------------- state files
+def make_gpu(index=0, **overrides):
+    gpu = {
+        'index': index, 'uuid': 'GPU-6f7c1a2b-0000-4000-8000-%012d' % index, 'name': 'NVIDIA A100-SXM4-80GB',
+        'pci_bus_id': '00000000:%02X:00.0' % (7 + index), 'minor': index,
+        'memory_total_mib': 81559, 'memory_reserved_mib': 0, 'util_pct': 0, 'mem_util_pct': 0, 'temp_c': 34,
+        'power_w': 61.0, 'power_limit_w': 400.0, 'fan_pct': None, 'persistence': True, 'mig': False,
+        'ecc_uncorrected': 0, 'ecc_corrected': 0,
+        'remapped_rows': {'correctable': 0, 'uncorrectable': 0, 'pending': False, 'failure': False},
+        'leaked_mib': 0, 'lost': False, 'no_permission': False, 'drain': False, 'reset_count': 0,
+    }
+    gpu.update(overrides)
+    return gpu
+
+
+def make_process(pid, gpu=0, used_mib=1024, ptype='compute', start=None, **overrides):
+    entry = {
+        'pid': pid, 'starttime': starttime(pid) if start is None else start, 'gpu': gpu, 'used_mib': used_mib,
+        'type': ptype, 'util_pct': 0, 'children': [], 'user': 'root', 'argv': ['sleep'],
+        'supervisor_pid': None, 'exited_at': None,
+    }
+    entry.update(overrides)
+    return entry
+
+
+def make_state(gpus=2, driver='r550', dev_dir='/dev', processes=None, **gpu_overrides):
+    return {
+        'schema': 1, 'vendor': 'nvidia', 'driver': driver,
+        'driver_version': '550.54.15' if driver == 'r550' else '470.223.02',
+        'nvml_version': '12.550.54.15' if driver == 'r550' else '11.470.223.02',
+        'cuda_driver_version': 12040 if driver == 'r550' else 11040,
+        'release_delay_ms': 0, 'dev_dir': dev_dir,
+        'gpus': [make_gpu(i, **gpu_overrides) for i in range(gpus)],
+        'processes': list(processes or []),
+    }
+
+
+def write_state(path, state):
+    """Atomic replace, as gpusim does (the shim re-reads on inode/mtime/size change)."""
+    tmp = '%s.tmp.%d' % (path, os.getpid())
+    with open(tmp, 'w') as handle:
+        json.dump(state, handle)
+    os.rename(tmp, path)
+    # make sure the (st_mtime, st_size) signature differs even within one clock tick
+    time.sleep(0.01)
+
+
+def make_dev_dir(root, minors=(0, 1), amd=False):
+    """Plain files standing in for GPU device nodes under ``root``."""
+    names = ['nvidiactl', 'nvidia-uvm'] + ['nvidia%d' % m for m in minors]
+    if amd:
+        names = ['kfd'] + ['dri/renderD%d' % (128 + m) for m in minors] + ['dri/card%d' % m for m in minors]
+    for name in names:
+        path = os.path.join(root, name)
+        if not os.path.isdir(os.path.dirname(path)):
+            os.makedirs(os.path.dirname(path))
+        with open(path, 'w'):
+            pass
+    return root
+
+
+# ---------------------------------------------------------------------------- children
+class Children(object):
+    """Processes this test starts; ``close()`` kills and reaps every one of them (by Popen object)."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, argv, open_files=(), **kwargs):
+        """Start ``argv`` holding ``open_files`` open (inherited fds)."""
+        fds = [os.open(path, os.O_RDONLY) for path in open_files]
+        try:
+            proc = subprocess.Popen(argv, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, **kwargs)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.procs.append(proc)
+        wait_for(lambda: _exec_done(proc.pid, argv[0]), what='%s to start' % argv[0])
+        return proc
+
+    def sleeper(self, open_files=()):
+        return self.start(['sleep', '600'], open_files=open_files)
+
+    def close(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs = []
+
+
+def _exec_done(pid, argv0):
+    """True once the child has exec'd (its comm is no longer the forking Python)."""
+    try:
+        with open('/proc/%d/comm' % pid) as handle:
+            comm = handle.read().strip()
+    except OSError:
+        return False
+    return comm == os.path.basename(argv0)[:15]
+
+
+def wait_for(predicate, timeout=10.0, what='a condition'):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError('timed out waiting for %s' % what)
+
+
+# ---------------------------------------------------------------------------- the shim
+_RUNNER = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from core.snapshot import take_snapshot
+from core.processes import ProcessInventory
+kwargs = json.loads(sys.argv[2])
+inv = kwargs.pop('inventory', None)
+if inv is not None:
+    kwargs['inventory'] = ProcessInventory(**inv)
+snap = take_snapshot(**kwargs)
+extra = {
+    'devices': [dict(memory_api=d.memory_api, memory_reserved_mib=d.memory_reserved_mib, minor=d.minor,
+                     errors=d.errors, persistence_mode=d.persistence_mode, mig_mode=d.mig_mode,
+                     processes_complete=d.processes_complete,
+                     types={str(p.pid): p.types for p in d.driver_processes}) for d in snap.devices],
+    'processes': {str(p.pid): dict(device_paths=p.device_paths, types=p.types, starttime=p.starttime)
+                  for p in snap.processes},
+    'holders': {str(h.pid): dict(gpu_indexes=h.gpu_indexes) for h in snap.holders},
+    'errors': snap.errors,
+}
+json.dump({'facts': snap.to_facts(), 'extra': extra}, sys.stdout)
+'''
+
+
+def shim_env(state_path, variant=''):
+    lib = shim_path(variant)
+    env = dict(os.environ)
+    env['GPU_SIM_STATE'] = state_path
+    env['LD_LIBRARY_PATH'] = os.path.dirname(lib)
+    env.pop('PYTHONPATH', None)
+    return env
+
+
+def run_snapshot(state_path, variant='', prefix=(), extra_env=None, **kwargs):
+    """take_snapshot(**kwargs) in a fresh Python whose libnvidia-ml.so.1 is the shim.
+
+    The core is imported standalone (``core`` package on sys.path), as the node agent will.
+    ``prefix`` wraps the command (for example ``unshare``).  Returns {'facts': ..., 'extra': ...}.
+    """
+    argv = list(prefix) + [sys.executable, '-c', _RUNNER, MODULE_UTILS_DIR, json.dumps(kwargs)]
+    env = shim_env(state_path, variant)
+    env.update(extra_env or {})
+    proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          timeout=120, check=False)
+    if proc.returncode != 0:
+        raise AssertionError('snapshot runner failed (%d): %s' % (proc.returncode, proc.stderr.decode(errors='replace')))
+    return json.loads(proc.stdout.decode())
+
+
+@contextlib.contextmanager
+def shim_in_process(state_path, variant=''):
+    """Point the real pynvml of this process at the shim (by absolute path) for the duration."""
+    import pynvml  # pylint: disable=import-outside-toplevel
+    lib = shim_path(variant)
+    saved_lib = pynvml.nvmlLib
+    saved_env = os.environ.get('GPU_SIM_STATE')
+    pynvml._nvmlGetFunctionPointer_cache.clear()  # pylint: disable=protected-access
+    pynvml.nvmlLib = ctypes.CDLL(lib)
+    os.environ['GPU_SIM_STATE'] = state_path
+    try:
+        yield pynvml
+    finally:
+        pynvml._nvmlGetFunctionPointer_cache.clear()  # pylint: disable=protected-access
+        pynvml.nvmlLib = saved_lib
+        pynvml._nvmlLib_refcount = 0  # pylint: disable=protected-access
+        if saved_env is None:
+            os.environ.pop('GPU_SIM_STATE', None)
+        else:
+            os.environ['GPU_SIM_STATE'] = saved_env
+
+
+def tempdir(prefix='gpufleet-test-'):
+    return tempfile.mkdtemp(prefix=prefix)

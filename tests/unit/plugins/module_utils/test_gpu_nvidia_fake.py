@@ -1,0 +1,156 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""NvidiaBackend paths the simulator cannot produce, over a stand-in for the pynvml module that
+raises pynvml's own exception classes (driver recovery actions, init failures, odd errors)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends.nvidia import NvidiaBackend
+
+pynvml = pytest.importorskip('pynvml')
+
+MIB = 1024 * 1024
+
+
+def fake_nvml(**overrides):
+    """A pynvml-shaped namespace: two healthy GPUs, every call overridable by name."""
+    def memory(handle, version=None):
+        if version is None:
+            return types.SimpleNamespace(total=1000 * MIB, free=900 * MIB, used=100 * MIB)
+        return types.SimpleNamespace(total=1000 * MIB, free=880 * MIB, used=100 * MIB, reserved=20 * MIB)
+
+    def field_values(handle, ids):
+        return [types.SimpleNamespace(nvmlReturn=0, value=types.SimpleNamespace(uiVal=0))]
+
+    calls = dict(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlSystemGetDriverVersion=lambda: b'555.42.06',
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUUID=lambda h: 'GPU-%d' % h,
+        nvmlDeviceGetName=lambda h: 'NVIDIA H100',
+        nvmlDeviceGetPciInfo=lambda h: types.SimpleNamespace(busId=b'00000000:0%d:00.0' % h),
+        nvmlDeviceGetMinorNumber=lambda h: h,
+        nvmlDeviceGetMemoryInfo=memory,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=5, memory=1),
+        nvmlDeviceGetTemperature=lambda h, s: 40,
+        nvmlDeviceGetPowerUsage=lambda h: 70500,
+        nvmlDeviceGetEnforcedPowerLimit=lambda h: 700000,
+        nvmlDeviceGetFanSpeed=lambda h: raise_(pynvml.NVMLError_NotSupported()),
+        nvmlDeviceGetPersistenceMode=lambda h: 1,
+        nvmlDeviceGetMigMode=lambda h: [0, 0],
+        nvmlDeviceGetTotalEccErrors=lambda h, t, c: 0,
+        nvmlDeviceGetRemappedRows=lambda h: (0, 0, 0, 0),
+        nvmlDeviceGetFieldValues=field_values,
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [types.SimpleNamespace(pid=100 + h, usedGpuMemory=60 * MIB)],
+        nvmlDeviceGetGraphicsRunningProcesses=lambda h: [],
+        nvmlDeviceGetMPSComputeRunningProcesses=lambda h: [],
+    )
+    calls.update(overrides)
+    namespace = types.SimpleNamespace(**calls)
+    for name in dir(pynvml):
+        if name.startswith(('NVMLError', 'NVML_')) or name in ('NVMLLibraryMismatchError', 'nvmlMemory_v2'):
+            setattr(namespace, name, getattr(pynvml, name))
+    return namespace
+
+
+def raise_(exc):
+    raise exc
+
+
+def read(nvml):
+    backend = NvidiaBackend(nvml=nvml)
+    status = backend.probe()
+    devices = backend.devices() if status.available else []
+    backend.close()
+    return status, devices
+
+
+def test_healthy_readings_and_units():
+    status, (dev0, dev1) = read(fake_nvml())
+    assert status.to_dict() == {'available': True, 'version': '555.42.06', 'error': None}
+    assert (dev0.uuid, dev0.pci_bus_id, dev0.minor, dev1.minor) == ('GPU-0', '00000000:00:00.0', 0, 1)
+    assert (dev0.memory_api, dev0.memory_used_mib, dev0.memory_free_mib, dev0.memory_reserved_mib) == ('v2', 100, 880, 20)
+    assert (dev0.power_w, dev0.power_limit_w, dev0.fan_pct) == (70.5, 700.0, None)
+    assert dev0.health.reasons == [] and dev0.errors == []
+    assert dev0.compute_orphaned() == 40
+
+
+@pytest.mark.parametrize('exc,expected', [
+    (pynvml.NVMLError_LibraryNotFound(), 'libnvidia-ml.so.1 was not found'),
+    (pynvml.NVMLError_DriverNotLoaded(), 'kernel driver is not loaded'),
+    (pynvml.NVMLError_Unknown(), 'NVML initialisation failed: Unknown Error'),
+    (OSError('bad ELF header'), 'NVML initialisation failed: bad ELF header'),
+])
+def test_init_failures_are_reasons(exc, expected):
+    status, devices = read(fake_nvml(nvmlInit=lambda: raise_(exc)))
+    assert status.available is False and expected in status.error and devices == []
+
+
+@pytest.mark.parametrize('code,action', [(1, 'reset'), (2, 'reboot'), (3, 'drain'), (4, 'drain'), (0, 'none')])
+def test_driver_recovery_action_field(code, action):
+    def field_values(handle, ids):
+        return [types.SimpleNamespace(nvmlReturn=0, value=types.SimpleNamespace(uiVal=code if handle == 1 else 0))]
+    _status, (dev0, dev1) = read(fake_nvml(nvmlDeviceGetFieldValues=field_values))
+    assert dev0.health.status == 'ok'
+    assert dev1.health.recommended_action == action
+    assert dev1.health.status == ('ok' if code == 0 else 'degraded')
+
+
+def test_one_unopenable_gpu_does_not_hide_the_other():
+    def handle(i):
+        if i == 0:
+            raise pynvml.NVMLError_NoPermission()
+        return i
+    _status, (dev0, dev1) = read(fake_nvml(nvmlDeviceGetHandleByIndex=handle))
+    assert dev0.health.status == 'degraded' and 'Insufficient Permissions' in dev0.health.reasons[0]
+    assert dev0.compute_orphaned() is None and dev0.uuid is None
+    assert dev1.uuid == 'GPU-1' and dev1.health.status == 'ok'
+
+
+def test_gpu_lost_mid_read_and_reset_required():
+    def temperature(handle, sensor):
+        if handle == 0:
+            raise pynvml.NVMLError_GpuIsLost()
+        raise pynvml.NVMLError_ResetRequired()
+    _status, (dev0, dev1) = read(fake_nvml(nvmlDeviceGetTemperature=temperature))
+    assert dev0.health.status == 'lost' and dev0.memory_used_mib is None and dev0.driver_processes == []
+    assert dev1.health.status == 'degraded' and dev1.health.recommended_action == 'reset'
+    assert dev1.driver_processes[0].pid == 101  # the rest of GPU 1 was still read
+
+
+def test_failed_readings_become_notes_and_v1_memory_fallback():
+    def memory(handle, version=None):
+        if version is not None:
+            raise pynvml.NVMLError_FunctionNotFound()
+        return types.SimpleNamespace(total=1000 * MIB, free=700 * MIB, used=300 * MIB)
+    _status, (dev0, _dev1) = read(fake_nvml(nvmlDeviceGetMemoryInfo=memory,
+                                            nvmlDeviceGetPowerUsage=lambda h: raise_(pynvml.NVMLError_Unknown())))
+    assert (dev0.memory_api, dev0.memory_used_mib, dev0.memory_reserved_mib) == ('v1', 300, None)
+    assert dev0.power_w is None and dev0.health.status == 'ok'
+    assert dev0.health.reasons == ['could not read the power draw: Unknown Error']
+
+
+def test_unversioned_process_list_missing_falls_back_to_v2_once():
+    calls = []
+
+    def v3(handle):
+        calls.append('v3')
+        raise pynvml.NVMLLibraryMismatchError('no _v3')
+
+    def v2(handle):
+        calls.append('v2')
+        return [types.SimpleNamespace(pid=7, usedGpuMemory=None)]
+    nvml = fake_nvml(nvmlDeviceGetComputeRunningProcesses=v3, nvmlDeviceGetComputeRunningProcesses_v2=v2,
+                     nvmlDeviceGetMPSComputeRunningProcesses=lambda h: raise_(pynvml.NVMLError_FunctionNotFound()))
+    _status, (dev0, dev1) = read(nvml)
+    assert calls == ['v3', 'v2', 'v2']  # the fallback is remembered for the next GPU
+    assert [(p.pid, p.used_mib) for p in dev0.driver_processes] == [(7, None)]
+    assert dev0.processes_complete and dev1.processes_complete  # no MPS list at all is not an error
+    assert dev0.compute_orphaned() is None

@@ -1,0 +1,216 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The safe killer against real processes that these tests start themselves (and nothing else)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import killer
+
+IGNORE_TERM = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'
+FORKER = 'import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(600); os._exit(0)\ntime.sleep(600)'
+
+
+@pytest.fixture
+def spawn():
+    """Start processes in their own sessions; kill and reap every one of them afterwards."""
+    started = []
+
+    def _spawn(argv, **kwargs):
+        proc = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, **kwargs)
+        started.append(proc)
+        deadline = time.monotonic() + 5
+        while killer.read_proc(proc.pid) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return proc
+
+    yield _spawn
+    for proc in started:
+        # Only our own children, by the Popen handle: the kernel cannot hand us another process.
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait(timeout=10)
+
+
+def victim_for(proc):
+    info = killer.read_proc(proc.pid)
+    return killer.Victim(proc.pid, info.starttime, record={'name': info.comm})
+
+
+def wait_children(pid, count, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    found = []
+    while time.monotonic() < deadline:
+        found = killer.children_of([pid])
+        if len(found) >= count:
+            return found
+        time.sleep(0.02)
+    return found
+
+
+def test_read_proc_of_self():
+    info = killer.read_proc(os.getpid())
+    assert info.pid == os.getpid()
+    assert info.uid == os.geteuid()
+    assert info.starttime > 0
+    assert killer.read_proc(2 ** 22 + 12345) is None
+
+
+def test_term_honouring_process_is_killed(spawn):
+    proc = spawn(['sleep', '600'])
+    victims = killer.terminate([victim_for(proc)], timeout=5)
+    assert victims[0].outcome == 'killed'
+    assert victims[0].signals == ['SIGTERM']
+    assert proc.wait(timeout=5) == -signal.SIGTERM
+
+
+def test_term_ignoring_process_survives_without_force(spawn):
+    proc = spawn([sys.executable, '-c', IGNORE_TERM])
+    time.sleep(0.3)  # let the interpreter install its handler
+    victims = killer.terminate([victim_for(proc)], timeout=0.5)
+    assert victims[0].outcome == 'failed'
+    assert 'force=true' in victims[0].reason
+    assert proc.poll() is None
+
+
+def test_term_ignoring_process_is_killed_with_force(spawn):
+    proc = spawn([sys.executable, '-c', IGNORE_TERM])
+    time.sleep(0.3)
+    victims = killer.terminate([victim_for(proc)], timeout=0.5, force=True)
+    assert victims[0].outcome == 'killed'
+    assert victims[0].signals == ['SIGTERM', 'SIGKILL']
+    assert proc.wait(timeout=5) == -signal.SIGKILL
+
+
+def test_reused_pid_is_never_signalled(spawn):
+    proc = spawn(['sleep', '600'])
+    info = killer.read_proc(proc.pid)
+    # Discovery recorded another process's start time under this pid: the pid was reused.
+    stale = killer.Victim(proc.pid, info.starttime - 1)
+    victims = killer.terminate([stale], timeout=0.5, force=True)
+    assert victims[0].outcome == 'skipped'
+    assert 'reused' in victims[0].reason
+    assert victims[0].signals == []
+    assert proc.poll() is None
+
+
+def test_process_that_exits_by_itself_counts_as_gone(spawn):
+    proc = spawn(['sleep', '600'])
+    victim = victim_for(proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=5)
+    victims = killer.terminate([victim], timeout=1)
+    assert victims[0].outcome == 'killed'
+    assert 'exited by itself' in victims[0].reason
+
+
+def test_check_mode_sends_nothing(spawn):
+    proc = spawn(['sleep', '600'])
+    victims = killer.terminate([victim_for(proc)], timeout=1, force=True, check_mode=True)
+    assert victims[0].outcome == 'killed'
+    assert victims[0].signals == ['SIGTERM', 'SIGKILL']
+    time.sleep(0.2)
+    assert proc.poll() is None
+
+
+def test_parallel_signalling_takes_the_slowest_not_the_sum(spawn):
+    procs = [spawn([sys.executable, '-c', IGNORE_TERM]) for _ in range(6)]
+    time.sleep(0.5)
+    started = time.monotonic()
+    victims = killer.terminate([victim_for(p) for p in procs], timeout=0.5, force=True)
+    elapsed = time.monotonic() - started
+    assert [v.outcome for v in victims] == ['killed'] * 6
+    # Sequential escalation would wait 6 x 0.5 s; all at once waits one timeout.
+    assert elapsed < 6 * 0.5
+
+
+def test_tree_collects_children(spawn):
+    proc = spawn([sys.executable, '-c', FORKER])
+    kids = wait_children(proc.pid, 3)
+    assert len(kids) == 3
+    victims = [victim_for(proc)] + [killer.Victim(pid, killer.read_proc(pid).starttime, parent=proc.pid) for pid in kids]
+    killer.terminate(victims, timeout=5)
+    assert all(v.outcome == 'killed' for v in victims)
+    assert all(killer.read_proc(pid) is None or killer.read_proc(pid).state == 'Z' for pid in kids)
+
+
+def test_protection_rules(spawn):
+    prot = killer.Protection(protect_names=['nv-hostengine'], protect_users=['root'] if os.geteuid() != 0 else ['nobody-at-all'])
+    assert 'never' in prot.reason(killer.read_proc(1) or killer.ProcInfo(1, 'init', 'S', 0, 1, 0, 1, 0, None, None))
+    assert 'itself' in prot.reason(killer.read_proc(os.getpid()))
+    parent = killer.read_proc(os.getppid())
+    assert prot.reason(parent) is not None
+    kthread = killer.ProcInfo(4242, 'kworker/0:1', 'I', 2, 0, killer.PF_KTHREAD, 100, 0, None, None)
+    assert prot.reason(kthread) == 'a kernel thread'
+    disguised = spawn(['bash', '-c', 'exec -a nv-hostengine sleep 600'])
+    time.sleep(0.2)
+    assert 'protect_names' in prot.reason(killer.read_proc(disguised.pid))
+    same_session = subprocess.Popen(['sleep', '600'])
+    try:
+        assert 'session' in prot.reason(killer.read_proc(same_session.pid))
+    finally:
+        same_session.kill()
+        same_session.wait()
+    plain = spawn(['sleep', '600'])
+    assert prot.reason(killer.read_proc(plain.pid)) is None
+
+
+def test_non_root_caller_may_only_signal_own_processes(spawn):
+    prot = killer.Protection(protect_names=[])
+    plain = spawn(['sleep', '600'])
+    info = killer.read_proc(plain.pid)
+    prot.euid = info.uid + 1  # pretend to be another, unprivileged user
+    assert 'non-root caller' in prot.reason(info)
+
+
+def test_protected_user():
+    prot = killer.Protection(protect_names=[], protect_users=['svc'], user_of_uid=lambda uid: 'svc')
+    info = killer.ProcInfo(4242, 'python', 'S', 4000, 4242, 0, 100, 1234, '/usr/bin/python3', 'python')
+    assert 'protect_users' in prot.reason(info)
+
+
+class FakeClock(object):
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_wait_release_sees_memory_come_back_after_a_delay():
+    clock = FakeClock()
+
+    def probe():
+        if clock.now < 0.5:
+            return {0: (9000, set())}   # pid gone from the list, memory not yet freed
+        return {0: (1000, set())}
+
+    result = killer.wait_release({0: {'pids': {11}, 'before_mib': 9000, 'held_mib': 8000}}, probe,
+                                 timeout=5, clock=clock, sleep=clock.sleep, poll=0.1)
+    assert result[0]['released'] is True
+    assert result[0]['freed_mib'] == 8000
+    assert 0.5 <= result[0]['seconds'] <= 0.7
+
+
+def test_wait_release_reports_unreleased_memory_and_stops():
+    clock = FakeClock()
+    result = killer.wait_release({0: {'pids': {11}, 'before_mib': 9000, 'held_mib': 8000}}, lambda: {0: (5000, set())},
+                                 timeout=2, clock=clock, sleep=clock.sleep, poll=0.25)
+    assert result[0]['released'] is False
+    assert result[0]['unreleased_mib'] == 4000
+    assert result[0]['freed_mib'] == 4000
+    assert clock.now <= 2.5
