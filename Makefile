@@ -24,11 +24,16 @@ $(VENV)/.stamp: tests/requirements-dev.txt
 
 venv: $(VENV)/.stamp
 
-sim: $(SIM_BUILD)/libnvidia-ml.so.1 $(SIM_BUILD)/gpusim-workload
+sim: $(SIM_BUILD)/libnvidia-ml.so.1 $(SIM_BUILD)/r470/libnvidia-ml.so.1 $(SIM_BUILD)/gpusim-workload
 
 $(SIM_BUILD)/libnvidia-ml.so.1: tests/sim/nvml_shim.c
 	mkdir -p $(SIM_BUILD)
 	$(CC) $(CFLAGS) -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o $@ $< -lm
+
+# The same shim as an old (R470) driver: no *_v3 process lists and no MemoryInfo_v2 symbols.
+$(SIM_BUILD)/r470/libnvidia-ml.so.1: tests/sim/nvml_shim.c
+	mkdir -p $(SIM_BUILD)/r470
+	$(CC) $(CFLAGS) -DSIM_R470 -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o $@ $< -lm
 
 $(SIM_BUILD)/gpusim-workload: tests/sim/workload.c
 	mkdir -p $(SIM_BUILD)

@@ -1,0 +1,1341 @@
+/*
+ * nvml_shim.c - a fake libnvidia-ml.so.1 for tests (gpufleet.reclaim simulator).
+ *
+ * It answers the NVML C API that nvidia-ml-py (pynvml), gpustat and nvitop use from the
+ * simulator state file named by $GPU_SIM_STATE (JSON, schema 1, see docs/design/contracts.md).
+ * The file is re-read whenever its (st_dev, st_ino, st_mtime, st_size) changes; that is checked
+ * on every API call.  One mutex serialises every call (state reload included).
+ *
+ * Semantics worth knowing:
+ *  - nvmlInit* returns NVML_ERROR_DRIVER_NOT_LOADED when $GPU_SIM_STATE is unset, unreadable,
+ *    not valid JSON, or its "vendor" is not "nvidia".  A state that turns bad after init makes
+ *    every call answer NVML_ERROR_UNKNOWN until it is good again.
+ *  - A process entry is listed while its pid lives (/proc/PID/stat exists, not a zombie, field 22
+ *    equals the recorded "starttime").  Its memory counts as used per the contract's rules, read
+ *    the way tests/sim/gpusim_state.py reads them: the optional "children_starttime" (parallel to
+ *    "children") and "supervisor_starttime" are checked when present, and a child without one
+ *    must not have started before its entry's pid.  Device used memory is capped at the total.
+ *  - A "lost" GPU answers NVML_ERROR_GPU_IS_LOST to everything except the identity-free calls:
+ *    count, handle lookups, nvmlDeviceGetIndex, nvmlDeviceIsMigDeviceHandle, drain state query.
+ *  - "no_permission" makes the process lists and process utilization answer NO_PERMISSION.
+ *  - Drain: nvmlDeviceQueryDrainState reports the state's "drain".  nvmlDeviceModifyDrainState
+ *    answers NO_PERMISSION unless geteuid() == 0, and NOT_SUPPORTED for root: the state file is
+ *    read-only for the shim (only gpusim writes it).
+ *  - "driver": "r470" makes the *_v3 process lists and nvmlDeviceGetMemoryInfo_v2 answer
+ *    NVML_ERROR_FUNCTION_NOT_FOUND.  Built with -DSIM_R470, the library does not export those
+ *    symbols at all, like a real R470 driver.
+ *  - nvmlDeviceGetConfComputeMemSizeInfo and nvmlDeviceGetRunningProcessDetailList are both
+ *    absent on purpose: nvitop picks a 32-byte process struct when only the first one exists.
+ *  - Functions not implemented here are absent (pynvml reports FunctionNotFound) or stubs that
+ *    answer NVML_ERROR_NOT_SUPPORTED.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------ NVML types */
+
+typedef int nvmlReturn_t;
+#define NVML_SUCCESS 0
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NO_PERMISSION 4
+#define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_FUNCTION_NOT_FOUND 13
+#define NVML_ERROR_GPU_IS_LOST 15
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+#define NVML_ERROR_UNKNOWN 999
+
+#define NVML_VALUE_NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL
+#define NVML_NO_INSTANCE 0xFFFFFFFFu
+#define NVML_MEMORY_V2_VERSION 0x02000028u
+#define NVML_TEMPERATURE_V1_VERSION 0x0100000Cu
+#define MIB 1048576ULL
+
+typedef struct nvmlDevice_st { unsigned int slot; } *nvmlDevice_t;
+
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_t;
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_v2_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+/* C99 compile-time layout checks (the ABI pynvml expects). */
+#define LAYOUT_CHECK(name, cond) typedef char layout_check_##name[(cond) ? 1 : -1]
+LAYOUT_CHECK(mem_v1, sizeof(nvmlMemory_t) == 24);
+LAYOUT_CHECK(mem_v2, sizeof(nvmlMemory_v2_t) == 40);
+LAYOUT_CHECK(temp_v1, sizeof(nvmlTemperature_t) == 12);
+LAYOUT_CHECK(pci, sizeof(nvmlPciInfo_t) == 68);
+LAYOUT_CHECK(proc_v1, sizeof(nvmlProcessInfo_v1_t) == 16);
+LAYOUT_CHECK(proc_v2, sizeof(nvmlProcessInfo_v2_t) == 24);
+LAYOUT_CHECK(proc_util, sizeof(nvmlProcessUtilizationSample_t) == 32);
+
+/* ------------------------------------------------------------------ JSON (small DOM) */
+
+enum { JT_NULL, JT_BOOL, JT_NUM, JT_STR, JT_ARR, JT_OBJ };
+#define JSON_MAX_DEPTH 64
+
+typedef struct jnode {
+    int type;
+    int boolean;
+    double num;
+    char *str;            /* JT_STR value */
+    char *key;            /* member name when inside an object */
+    struct jnode *child;  /* first element / member */
+    struct jnode *next;   /* next sibling */
+} jnode;
+
+typedef struct { const char *p, *end; int depth; } jparser;
+
+static void jfree(jnode *n)
+{
+    while (n) {
+        jnode *next = n->next;
+        jfree(n->child);
+        free(n->str);
+        free(n->key);
+        free(n);
+        n = next;
+    }
+}
+
+static void jskip_ws(jparser *ps)
+{
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
+        ps->p++;
+}
+
+static int jlit(jparser *ps, const char *word)
+{
+    size_t n = strlen(word);
+    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n) != 0)
+        return 0;
+    ps->p += n;
+    return 1;
+}
+
+static int hex4(const char *s, unsigned *out)
+{
+    unsigned v = 0;
+    int i;
+    for (i = 0; i < 4; i++) {
+        char c = s[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f') v |= (unsigned)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') v |= (unsigned)(c - 'A' + 10);
+        else return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Parses a JSON string at ps->p (which points at the opening quote); returns a malloc'd UTF-8
+ * string or NULL on error.  \u0000 becomes '?' so that C strings stay whole. */
+static char *jparse_string(jparser *ps)
+{
+    size_t cap = 16, len = 0;
+    char *out;
+    if (ps->p >= ps->end || *ps->p != '"')
+        return NULL;
+    ps->p++;
+    out = malloc(cap);
+    if (!out)
+        return NULL;
+    for (;;) {
+        unsigned cp;
+        unsigned char c;
+        if (len + 5 > cap) {
+            char *bigger = realloc(out, cap * 2);
+            if (!bigger) goto fail;
+            out = bigger;
+            cap *= 2;
+        }
+        if (ps->p >= ps->end) goto fail;
+        c = (unsigned char)*ps->p++;
+        if (c == '"') break;
+        if (c < 0x20) goto fail;
+        if (c != '\\') { out[len++] = (char)c; continue; }
+        if (ps->p >= ps->end) goto fail;
+        c = (unsigned char)*ps->p++;
+        switch (c) {
+        case '"': case '\\': case '/': out[len++] = (char)c; continue;
+        case 'b': out[len++] = '\b'; continue;
+        case 'f': out[len++] = '\f'; continue;
+        case 'n': out[len++] = '\n'; continue;
+        case 'r': out[len++] = '\r'; continue;
+        case 't': out[len++] = '\t'; continue;
+        case 'u': break;
+        default: goto fail;
+        }
+        if (ps->end - ps->p < 4 || !hex4(ps->p, &cp)) goto fail;
+        ps->p += 4;
+        if (cp >= 0xD800 && cp <= 0xDBFF) {          /* surrogate pair */
+            unsigned lo;
+            if (ps->end - ps->p < 6 || ps->p[0] != '\\' || ps->p[1] != 'u' || !hex4(ps->p + 2, &lo) ||
+                lo < 0xDC00 || lo > 0xDFFF)
+                goto fail;
+            ps->p += 6;
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            goto fail;
+        }
+        if (cp == 0) {
+            out[len++] = '?';
+        } else if (cp < 0x80) {
+            out[len++] = (char)cp;
+        } else if (cp < 0x800) {
+            out[len++] = (char)(0xC0 | (cp >> 6));
+            out[len++] = (char)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+            out[len++] = (char)(0xE0 | (cp >> 12));
+            out[len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            out[len++] = (char)(0x80 | (cp & 0x3F));
+        } else {
+            out[len++] = (char)(0xF0 | (cp >> 18));
+            out[len++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+            out[len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            out[len++] = (char)(0x80 | (cp & 0x3F));
+        }
+    }
+    out[len] = '\0';
+    return out;
+fail:
+    free(out);
+    return NULL;
+}
+
+static int jparse_number(jparser *ps, double *out)
+{
+    const char *s = ps->p;
+    char buf[64];
+    size_t n;
+    if (s < ps->end && *s == '-') s++;
+    if (s >= ps->end) return 0;
+    if (*s == '0') s++;
+    else if (*s >= '1' && *s <= '9') while (s < ps->end && *s >= '0' && *s <= '9') s++;
+    else return 0;
+    if (s < ps->end && *s == '.') {
+        s++;
+        if (s >= ps->end || *s < '0' || *s > '9') return 0;
+        while (s < ps->end && *s >= '0' && *s <= '9') s++;
+    }
+    if (s < ps->end && (*s == 'e' || *s == 'E')) {
+        s++;
+        if (s < ps->end && (*s == '+' || *s == '-')) s++;
+        if (s >= ps->end || *s < '0' || *s > '9') return 0;
+        while (s < ps->end && *s >= '0' && *s <= '9') s++;
+    }
+    n = (size_t)(s - ps->p);
+    if (n >= sizeof(buf)) return 0;
+    memcpy(buf, ps->p, n);
+    buf[n] = '\0';
+    *out = strtod(buf, NULL);
+    ps->p = s;
+    return 1;
+}
+
+static jnode *jparse_value(jparser *ps)
+{
+    jnode *n;
+    jskip_ws(ps);
+    if (ps->p >= ps->end)
+        return NULL;
+    n = calloc(1, sizeof(*n));
+    if (!n)
+        return NULL;
+    switch (*ps->p) {
+    case 'n': n->type = JT_NULL; if (!jlit(ps, "null")) goto fail; return n;
+    case 't': n->type = JT_BOOL; n->boolean = 1; if (!jlit(ps, "true")) goto fail; return n;
+    case 'f': n->type = JT_BOOL; if (!jlit(ps, "false")) goto fail; return n;
+    case '"':
+        n->type = JT_STR;
+        if (!(n->str = jparse_string(ps))) goto fail;
+        return n;
+    case '[': case '{': {
+        int is_obj = *ps->p == '{';
+        char close = is_obj ? '}' : ']';
+        jnode **tail = &n->child;
+        n->type = is_obj ? JT_OBJ : JT_ARR;
+        if (++ps->depth > JSON_MAX_DEPTH) goto fail;
+        ps->p++;
+        jskip_ws(ps);
+        if (ps->p < ps->end && *ps->p == close) { ps->p++; ps->depth--; return n; }
+        for (;;) {
+            char *key = NULL;
+            jnode *item;
+            if (is_obj) {
+                jskip_ws(ps);
+                if (!(key = jparse_string(ps))) goto fail;
+                jskip_ws(ps);
+                if (ps->p >= ps->end || *ps->p != ':') { free(key); goto fail; }
+                ps->p++;
+            }
+            if (!(item = jparse_value(ps))) { free(key); goto fail; }
+            item->key = key;
+            *tail = item;
+            tail = &item->next;
+            jskip_ws(ps);
+            if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
+            if (ps->p < ps->end && *ps->p == close) { ps->p++; ps->depth--; return n; }
+            goto fail;
+        }
+    }
+    default:
+        n->type = JT_NUM;
+        if (!jparse_number(ps, &n->num)) goto fail;
+        return n;
+    }
+fail:
+    jfree(n);
+    return NULL;
+}
+
+static jnode *jparse_document(const char *text, size_t len)
+{
+    jparser ps;
+    jnode *root;
+    ps.p = text;
+    ps.end = text + len;
+    ps.depth = 0;
+    root = jparse_value(&ps);
+    if (!root)
+        return NULL;
+    jskip_ws(&ps);
+    if (ps.p != ps.end) {   /* trailing garbage */
+        jfree(root);
+        return NULL;
+    }
+    return root;
+}
+
+static const jnode *jget(const jnode *obj, const char *key)
+{
+    const jnode *c, *found = NULL;
+    if (!obj || obj->type != JT_OBJ)
+        return NULL;
+    for (c = obj->child; c; c = c->next)   /* the last duplicate wins, as in Python's json */
+        if (c->key && strcmp(c->key, key) == 0)
+            found = c;
+    return found;
+}
+
+/* Number member: missing or of another type -> dflt; null -> NAN (meaning "not available"). */
+static double jnum(const jnode *obj, const char *key, double dflt)
+{
+    const jnode *v = jget(obj, key);
+    if (!v) return dflt;
+    if (v->type == JT_NULL) return NAN;
+    if (v->type == JT_NUM && isfinite(v->num)) return v->num;
+    if (v->type == JT_BOOL) return v->boolean;
+    return dflt;
+}
+
+static int jbool(const jnode *obj, const char *key, int dflt)
+{
+    const jnode *v = jget(obj, key);
+    if (v && v->type == JT_BOOL) return v->boolean;
+    if (v && v->type == JT_NUM) return v->num != 0;
+    return dflt;
+}
+
+static void jstr(const jnode *obj, const char *key, char *buf, size_t size, const char *dflt)
+{
+    const jnode *v = jget(obj, key);
+    snprintf(buf, size, "%s", v && v->type == JT_STR ? v->str : dflt);
+}
+
+/* ------------------------------------------------------------------ simulator state */
+
+#define SIM_MAX_GPUS 64
+#define SIM_MAX_STATE_BYTES (64u << 20)
+enum { PT_COMPUTE, PT_GRAPHICS, PT_MPS };
+
+typedef struct {
+    int index;
+    char uuid[96], name[96], pci_bus_id[32];
+    unsigned domain, bus, device, pci_device_id;
+    unsigned minor;
+    double total_mib, reserved_mib, leaked_mib;
+    double util_pct, mem_util_pct, temp_c, power_w, power_limit_w, fan_pct;  /* NAN: N/A */
+    double ecc_corrected, ecc_uncorrected;
+    double rr_correctable, rr_uncorrectable;
+    int rr_pending, rr_failure;
+    int cc_major, cc_minor;
+    int persistence, mig, lost, no_permission, drain;
+} sim_gpu;
+
+typedef struct {
+    unsigned pid;
+    double starttime;             /* NAN: not recorded, no pid-reuse check */
+    int gpu, type;
+    double used_mib;              /* NAN: NVML_VALUE_NOT_AVAILABLE */
+    double util_pct, mem_util_pct;
+    struct sim_child { unsigned pid; double starttime; } *children;  /* starttime NAN: not recorded */
+    size_t nchildren;
+    unsigned supervisor_pid;      /* 0: none */
+    double supervisor_starttime;  /* NAN: not recorded */
+    double exited_at;             /* NAN: not written yet */
+} sim_proc;
+
+typedef struct {
+    int ok, r470;
+    char driver_version[80], nvml_version[80];
+    int cuda_version;
+    double release_delay_ms;
+    sim_gpu gpus[SIM_MAX_GPUS];
+    unsigned ngpus;
+    sim_proc *procs;
+    size_t nprocs;
+} sim_state;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static sim_state g_state;
+static int g_have_key;
+static struct stat g_key;
+static unsigned g_refcount;
+static struct nvmlDevice_st g_handles[SIM_MAX_GPUS];
+
+static unsigned to_uint(double v)
+{
+    if (!(v > 0)) return 0;                 /* also NAN */
+    if (v >= 4294967295.0) return 4294967295u;
+    return (unsigned)(v + 0.5);
+}
+
+static unsigned long long mib_to_bytes(double mib)
+{
+    if (!(mib > 0)) return 0;
+    if (mib > 1e12) mib = 1e12;
+    return (unsigned long long)mib * MIB;
+}
+
+/* "00000000:07:00.0", "0000:07:00.0" or "07:00.0" -> domain, bus, device; 1 on success. */
+static int parse_bus_id(const char *s, unsigned *dom, unsigned *bus, unsigned *dev)
+{
+    unsigned fn;
+    if (sscanf(s, "%x:%x:%x.%x", dom, bus, dev, &fn) == 4)
+        return 1;
+    *dom = 0;
+    return sscanf(s, "%x:%x.%x", bus, dev, &fn) == 3;
+}
+
+static void state_clear(sim_state *s)
+{
+    size_t i;
+    for (i = 0; i < s->nprocs; i++)
+        free(s->procs[i].children);
+    free(s->procs);
+    memset(s, 0, sizeof(*s));
+}
+
+static void load_gpu(const jnode *o, unsigned pos, sim_gpu *g)
+{
+    char dflt[64];
+    const jnode *rr = jget(o, "remapped_rows");
+    const jnode *cc = jget(o, "compute_capability");
+    g->index = (int)to_uint(jnum(o, "index", pos));
+    snprintf(dflt, sizeof(dflt), "GPU-53494d00-0000-4000-8000-%012x", (unsigned)g->index);
+    jstr(o, "uuid", g->uuid, sizeof(g->uuid), dflt);
+    jstr(o, "name", g->name, sizeof(g->name), "NVIDIA A100-SXM4-80GB");
+    snprintf(dflt, sizeof(dflt), "00000000:%02X:00.0", (0x07u + (unsigned)g->index) & 0xFFu);
+    jstr(o, "pci_bus_id", g->pci_bus_id, sizeof(g->pci_bus_id), dflt);
+    if (!parse_bus_id(g->pci_bus_id, &g->domain, &g->bus, &g->device))
+        g->domain = g->bus = g->device = 0;
+    g->pci_device_id = to_uint(jnum(o, "pci_device_id", (double)0x20B210DEu));
+    g->minor = to_uint(jnum(o, "minor", g->index));
+    g->total_mib = jnum(o, "memory_total_mib", 81559);
+    if (isnan(g->total_mib)) g->total_mib = 0;
+    g->reserved_mib = jnum(o, "memory_reserved_mib", 0);
+    g->leaked_mib = jnum(o, "leaked_mib", 0);
+    g->util_pct = jnum(o, "util_pct", 0);
+    g->mem_util_pct = jnum(o, "mem_util_pct", 0);
+    g->temp_c = jnum(o, "temp_c", 34);
+    g->power_w = jnum(o, "power_w", 61.0);
+    g->power_limit_w = jnum(o, "power_limit_w", 400.0);
+    g->fan_pct = jnum(o, "fan_pct", NAN);
+    g->persistence = jbool(o, "persistence", 1);
+    g->mig = jbool(o, "mig", 0);
+    g->ecc_uncorrected = jnum(o, "ecc_uncorrected", 0);
+    g->ecc_corrected = jnum(o, "ecc_corrected", 0);
+    g->rr_correctable = jnum(rr, "correctable", 0);
+    g->rr_uncorrectable = jnum(rr, "uncorrectable", 0);
+    g->rr_pending = jbool(rr, "pending", 0);
+    g->rr_failure = jbool(rr, "failure", 0);
+    g->cc_major = 8;
+    g->cc_minor = 0;
+    if (cc && cc->type == JT_STR)
+        sscanf(cc->str, "%d.%d", &g->cc_major, &g->cc_minor);
+    g->lost = jbool(o, "lost", 0);
+    g->no_permission = jbool(o, "no_permission", 0);
+    g->drain = jbool(o, "drain", 0);
+}
+
+/* Returns 0 when the entry is usable. */
+static int load_proc(const jnode *o, sim_proc *p)
+{
+    const jnode *kids = jget(o, "children"), *starts = jget(o, "children_starttime"), *c, *st;
+    char type[16];
+    double pid = jnum(o, "pid", 0);
+    if (!(pid >= 1 && pid <= INT_MAX))
+        return -1;
+    p->pid = (unsigned)pid;
+    p->starttime = jnum(o, "starttime", NAN);
+    p->gpu = (int)to_uint(jnum(o, "gpu", 0));
+    p->used_mib = jnum(o, "used_mib", 0);
+    p->util_pct = jnum(o, "util_pct", 0);
+    p->mem_util_pct = jnum(o, "mem_util_pct", 0);
+    jstr(o, "type", type, sizeof(type), "compute");
+    p->type = strcmp(type, "graphics") == 0 ? PT_GRAPHICS : strcmp(type, "mps") == 0 ? PT_MPS : PT_COMPUTE;
+    p->supervisor_pid = to_uint(jnum(o, "supervisor_pid", 0));
+    p->supervisor_starttime = jnum(o, "supervisor_starttime", NAN);
+    p->exited_at = jnum(o, "exited_at", NAN);
+    if (kids && kids->type == JT_ARR) {
+        size_t n = 0;
+        for (c = kids->child; c; c = c->next) n++;
+        p->children = n ? calloc(n, sizeof(*p->children)) : NULL;
+        st = starts && starts->type == JT_ARR ? starts->child : NULL;
+        for (c = kids->child; c && p->children; c = c->next, st = st ? st->next : NULL)
+            if (c->type == JT_NUM && c->num >= 1 && c->num <= INT_MAX) {
+                p->children[p->nchildren].pid = (unsigned)c->num;
+                p->children[p->nchildren++].starttime = st && st->type == JT_NUM ? st->num : NAN;
+            }
+    }
+    return 0;
+}
+
+static int state_from_json(const jnode *root, sim_state *s)
+{
+    const jnode *gpus = jget(root, "gpus"), *procs = jget(root, "processes"), *c;
+    char vendor[16], driver[16];
+    size_t n = 0;
+    if (!root || root->type != JT_OBJ)
+        return -1;
+    jstr(root, "vendor", vendor, sizeof(vendor), "nvidia");
+    if (strcmp(vendor, "nvidia") != 0)
+        return -1;
+    jstr(root, "driver", driver, sizeof(driver), "r550");
+    s->r470 = strcmp(driver, "r470") == 0;
+    jstr(root, "driver_version", s->driver_version, sizeof(s->driver_version), s->r470 ? "470.256.02" : "550.54.15");
+    jstr(root, "nvml_version", s->nvml_version, sizeof(s->nvml_version), s->r470 ? "11.470.256.02" : "12.550.54.15");
+    s->cuda_version = (int)to_uint(jnum(root, "cuda_driver_version", s->r470 ? 11040 : 12040));
+    s->release_delay_ms = jnum(root, "release_delay_ms", 0);
+    if (isnan(s->release_delay_ms)) s->release_delay_ms = 0;
+    if (gpus && gpus->type == JT_ARR)
+        for (c = gpus->child; c && s->ngpus < SIM_MAX_GPUS; c = c->next)
+            if (c->type == JT_OBJ) {
+                load_gpu(c, s->ngpus, &s->gpus[s->ngpus]);
+                s->ngpus++;
+            }
+    if (procs && procs->type == JT_ARR) {
+        for (c = procs->child; c; c = c->next) n++;
+        s->procs = n ? calloc(n, sizeof(sim_proc)) : NULL;
+        for (c = procs->child; c && s->procs; c = c->next)
+            if (c->type == JT_OBJ && load_proc(c, &s->procs[s->nprocs]) == 0)
+                s->nprocs++;
+    }
+    s->ok = 1;
+    return 0;
+}
+
+static char *read_fd(int fd, size_t limit, size_t *len)
+{
+    size_t cap = 8192, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        ssize_t r;
+        if (n == cap) {
+            char *bigger = cap >= limit ? NULL : realloc(buf, cap * 2);
+            if (!bigger) { free(buf); return NULL; }
+            buf = bigger;
+            cap *= 2;
+        }
+        r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { free(buf); return NULL; }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    *len = n;
+    return buf;
+}
+
+/* Re-reads the state when the file changed; call with g_lock held.  Returns g_state.ok. */
+static int refresh(void)
+{
+    const char *path = getenv("GPU_SIM_STATE");
+    struct stat st;
+    int fd;
+    size_t len = 0;
+    char *text;
+    jnode *root;
+    if (!path || !*path || (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+        g_have_key = 0;
+        state_clear(&g_state);
+        return 0;
+    }
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        g_have_key = 0;
+        state_clear(&g_state);
+        return 0;
+    }
+    if (g_have_key && st.st_dev == g_key.st_dev && st.st_ino == g_key.st_ino && st.st_size == g_key.st_size &&
+        st.st_mtim.tv_sec == g_key.st_mtim.tv_sec && st.st_mtim.tv_nsec == g_key.st_mtim.tv_nsec) {
+        close(fd);
+        return g_state.ok;
+    }
+    text = read_fd(fd, SIM_MAX_STATE_BYTES, &len);
+    close(fd);
+    state_clear(&g_state);
+    g_key = st;
+    g_have_key = 1;
+    root = text ? jparse_document(text, len) : NULL;
+    free(text);
+    if (!root || state_from_json(root, &g_state) != 0)
+        state_clear(&g_state);
+    jfree(root);
+    return g_state.ok;
+}
+
+/* ------------------------------------------------------------------ liveness */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Reads the state letter and starttime (field 22) of /proc/PID/stat; 0 on success. */
+static int read_stat(unsigned pid, char *state, double *starttime)
+{
+    char path[64], buf[1024];
+    const char *p;
+    int fd, field;
+    ssize_t n;
+    if (pid == 0)
+        return -1;
+    snprintf(path, sizeof(path), "/proc/%u/stat", pid);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return -1;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    if (!(p = strrchr(buf, ')')))          /* comm may contain ')' and spaces */
+        return -1;
+    p++;
+    while (*p == ' ') p++;
+    *state = *p;
+    for (field = 3; field < 22 && *p; field++) {   /* p is at field 3 (state) */
+        while (*p && *p != ' ') p++;
+        while (*p == ' ') p++;
+    }
+    if (!*p)
+        return -1;
+    *starttime = strtod(p, NULL);
+    return 0;
+}
+
+/* A pid lives when /proc/PID/stat exists, it is no zombie and, when recorded, its starttime
+ * equals the recorded one (else the pid was reused). */
+static int pid_alive(unsigned pid, double starttime)
+{
+    char state;
+    double start;
+    if (read_stat(pid, &state, &start) != 0 || state == 'Z' || state == 'X' || state == 'x')
+        return 0;
+    return isnan(starttime) || start == starttime;
+}
+
+static int proc_listed(const sim_proc *p)
+{
+    return pid_alive(p->pid, p->starttime);
+}
+
+/* A child without a recorded starttime must at least not predate its parent (as gpusim_state). */
+static int child_alive(const sim_proc *p, const struct sim_child *c)
+{
+    char state;
+    double start;
+    if (!isnan(c->starttime))
+        return pid_alive(c->pid, c->starttime);
+    if (read_stat(c->pid, &state, &start) != 0 || state == 'Z' || state == 'X' || state == 'x')
+        return 0;
+    return isnan(p->starttime) || start >= p->starttime;
+}
+
+static int proc_counts(const sim_proc *p, double now)
+{
+    size_t i;
+    if (proc_listed(p))
+        return 1;
+    for (i = 0; i < p->nchildren; i++)
+        if (child_alive(p, &p->children[i]))
+            return 1;
+    if (!isnan(p->exited_at))
+        return now < p->exited_at + g_state.release_delay_ms / 1000.0;
+    return p->supervisor_pid && pid_alive(p->supervisor_pid, p->supervisor_starttime);
+}
+
+static double gpu_used_mib(const sim_gpu *g)
+{
+    double used = 0, now = now_s();
+    size_t i;
+    if (g->reserved_mib > 0) used += g->reserved_mib;
+    if (g->leaked_mib > 0) used += g->leaked_mib;
+    for (i = 0; i < g_state.nprocs; i++) {
+        const sim_proc *p = &g_state.procs[i];
+        if (p->gpu == g->index && p->used_mib > 0 && proc_counts(p, now))
+            used += p->used_mib;
+    }
+    return used > g->total_mib ? g->total_mib : used;
+}
+
+/* ------------------------------------------------------------------ call plumbing */
+
+static nvmlReturn_t api_begin(void)
+{
+    pthread_mutex_lock(&g_lock);
+    if (g_refcount == 0)
+        return NVML_ERROR_UNINITIALIZED;
+    return refresh() ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+static nvmlReturn_t api_end(nvmlReturn_t rc)
+{
+    pthread_mutex_unlock(&g_lock);
+    return rc;
+}
+
+static nvmlReturn_t dev_lookup(nvmlDevice_t dev, const sim_gpu **out, int allow_lost)
+{
+    uintptr_t base = (uintptr_t)g_handles, p = (uintptr_t)dev;
+    unsigned slot;
+    if (!dev || p < base || p >= base + sizeof(g_handles) || (p - base) % sizeof(g_handles[0]) != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    slot = (unsigned)((p - base) / sizeof(g_handles[0]));
+    if (slot >= g_state.ngpus)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *out = &g_state.gpus[slot];
+    return (*out)->lost && !allow_lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+}
+
+/* Body of a per-device call: `g` is the GPU, `rc` the result (starts as NVML_SUCCESS).
+ * With `present` false the call behaves as a symbol the driver lacks (FUNCTION_NOT_FOUND). */
+#define DEVICE_CALL_IF(present, dev, allow_lost, ...)      \
+    const sim_gpu *g = NULL;                                \
+    nvmlReturn_t rc = api_begin();                          \
+    if (rc == NVML_SUCCESS && !(present))                   \
+        rc = NVML_ERROR_FUNCTION_NOT_FOUND;                 \
+    if (rc == NVML_SUCCESS)                                 \
+        rc = dev_lookup((dev), &g, (allow_lost));           \
+    if (rc == NVML_SUCCESS) { __VA_ARGS__ }                 \
+    return api_end(rc)
+
+#define DEVICE_CALL(dev, allow_lost, ...) DEVICE_CALL_IF(1, dev, allow_lost, __VA_ARGS__)
+
+#define REQUIRE(ptr) if (!(ptr)) { rc = NVML_ERROR_INVALID_ARGUMENT; } else
+
+static nvmlReturn_t copy_str(char *dst, unsigned length, const char *src)
+{
+    size_t n = strlen(src);
+    if (!dst)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (n + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, n + 1);
+    return NVML_SUCCESS;
+}
+
+static nvmlDevice_t handle_for(unsigned slot)
+{
+    g_handles[slot].slot = slot;
+    return &g_handles[slot];
+}
+
+static int slot_by_bus_id(const char *s)
+{
+    unsigned dom, bus, dev, i;
+    if (!s || !parse_bus_id(s, &dom, &bus, &dev))
+        return -1;
+    for (i = 0; i < g_state.ngpus; i++)
+        if (g_state.gpus[i].domain == dom && g_state.gpus[i].bus == bus && g_state.gpus[i].device == dev)
+            return (int)i;
+    return -1;
+}
+
+/* ------------------------------------------------------------------ init, system */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    nvmlReturn_t rc = NVML_SUCCESS;
+    (void)flags;
+    pthread_mutex_lock(&g_lock);
+    if (refresh())
+        g_refcount++;
+    else
+        rc = NVML_ERROR_DRIVER_NOT_LOADED;
+    return api_end(rc);
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void)
+{
+    nvmlReturn_t rc = NVML_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    if (g_refcount == 0)
+        rc = NVML_ERROR_UNINITIALIZED;
+    else
+        g_refcount--;
+    return api_end(rc);
+}
+
+const char *nvmlErrorString(nvmlReturn_t result)
+{
+    switch (result) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 5: return "Already Initialized";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 8: return "Insufficient External Power";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 11: return "Interrupt Request Issue";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 14: return "Corrupted infoROM";
+    case 15: return "GPU is lost";
+    case 16: return "GPU requires restart";
+    case 17: return "The operating system has blocked the request.";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
+    case 19: return "In use by another client";
+    case 20: return "Insufficient Memory";
+    case 21: return "No data";
+    case 25: return "Argument version mismatch";
+    case 26: return "Deprecated";
+    case 27: return "Not ready";
+    case 28: return "GPU not found";
+    case 29: return "Invalid state";
+    default: return "Unknown Error";
+    }
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    nvmlReturn_t rc = api_begin();
+    if (rc == NVML_SUCCESS)
+        rc = copy_str(version, length, g_state.driver_version);
+    return api_end(rc);
+}
+
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+    nvmlReturn_t rc = api_begin();
+    if (rc == NVML_SUCCESS)
+        rc = copy_str(version, length, g_state.nvml_version);
+    return api_end(rc);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+    nvmlReturn_t rc = api_begin();
+    if (rc == NVML_SUCCESS) {
+        REQUIRE(cudaDriverVersion) *cudaDriverVersion = g_state.cuda_version;
+    }
+    return api_end(rc);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+    return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+/* ------------------------------------------------------------------ enumeration */
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    nvmlReturn_t rc = api_begin();
+    if (rc == NVML_SUCCESS) {
+        REQUIRE(deviceCount) *deviceCount = g_state.ngpus;
+    }
+    return api_end(rc);
+}
+
+nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { return nvmlDeviceGetCount_v2(deviceCount); }
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    unsigned i;
+    nvmlReturn_t rc = api_begin();
+    if (rc == NVML_SUCCESS) {
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+        for (i = 0; device && i < g_state.ngpus; i++)
+            if ((unsigned)g_state.gpus[i].index == index) {
+                *device = handle_for(i);
+                rc = NVML_SUCCESS;
+                break;
+            }
+    }
+    return api_end(rc);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    unsigned i;
+    nvmlReturn_t rc = api_begin();
+    if (rc == NVML_SUCCESS) {
+        rc = uuid && device ? NVML_ERROR_NOT_FOUND : NVML_ERROR_INVALID_ARGUMENT;
+        for (i = 0; rc == NVML_ERROR_NOT_FOUND && i < g_state.ngpus; i++)
+            if (strcmp(g_state.gpus[i].uuid, uuid) == 0) {
+                *device = handle_for(i);
+                rc = NVML_SUCCESS;
+            }
+    }
+    return api_end(rc);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
+{
+    int slot;
+    unsigned dom, bus, dev;
+    nvmlReturn_t rc = api_begin();
+    if (rc == NVML_SUCCESS) {
+        if (!pciBusId || !device || !parse_bus_id(pciBusId, &dom, &bus, &dev))
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if ((slot = slot_by_bus_id(pciBusId)) < 0)
+            rc = NVML_ERROR_NOT_FOUND;
+        else
+            *device = handle_for((unsigned)slot);
+    }
+    return api_end(rc);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index)
+{
+    DEVICE_CALL(dev, 1, REQUIRE(index) *index = (unsigned)g->index;);
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *isMigDevice)
+{
+    DEVICE_CALL(dev, 1, REQUIRE(isMigDevice) *isMigDevice = 0;);
+}
+
+/* ------------------------------------------------------------------ identity */
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length)
+{
+    DEVICE_CALL(dev, 0, rc = copy_str(name, length, g->name););
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length)
+{
+    DEVICE_CALL(dev, 0, rc = copy_str(uuid, length, g->uuid););
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minorNumber)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(minorNumber) *minorNumber = g->minor;);
+}
+
+static void fill_pci(const sim_gpu *g, nvmlPciInfo_t *pci)
+{
+    memset(pci, 0, sizeof(*pci));
+    pci->domain = g->domain;
+    pci->bus = g->bus;
+    pci->device = g->device;
+    pci->pciDeviceId = g->pci_device_id;
+    pci->pciSubSystemId = 0x147F10DEu;
+    snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:%02X.0",
+             g->domain & 0xFFFFu, g->bus & 0xFFu, g->device & 0xFFu);
+    snprintf(pci->busId, sizeof(pci->busId), "%08X:%02X:%02X.0", g->domain, g->bus & 0xFFu, g->device & 0xFFu);
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(pci) fill_pci(g, pci););
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t dev, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(dev, pci); }
+nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t dev, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(dev, pci); }
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t dev, int *major, int *minor)
+{
+    DEVICE_CALL(dev, 0, if (!major || !minor) rc = NVML_ERROR_INVALID_ARGUMENT; else { *major = g->cc_major; *minor = g->cc_minor; });
+}
+
+/* ------------------------------------------------------------------ memory */
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(memory) {
+        double used = gpu_used_mib(g);
+        memory->total = mib_to_bytes(g->total_mib);
+        memory->used = mib_to_bytes(used);
+        memory->free = memory->total - memory->used;
+    });
+}
+
+#ifndef SIM_R470
+static nvmlReturn_t memory_info_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memory)
+{
+    DEVICE_CALL_IF(!g_state.r470, dev, 0,
+        if (!memory)
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (memory->version != NVML_MEMORY_V2_VERSION)
+            rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        else {
+            unsigned long long used = mib_to_bytes(gpu_used_mib(g)), reserved = mib_to_bytes(g->reserved_mib);
+            memory->total = mib_to_bytes(g->total_mib);
+            memory->reserved = reserved < used ? reserved : used;
+            memory->used = used - memory->reserved;
+            memory->free = memory->total - used;
+        });
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memory) { return memory_info_v2(dev, memory); }
+#endif
+
+/* ------------------------------------------------------------------ metrics */
+
+#define NA_OR(value, ...) if (isnan(value)) rc = NVML_ERROR_NOT_SUPPORTED; else { __VA_ARGS__ }
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *utilization)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(utilization) NA_OR(g->util_pct,
+        utilization->gpu = to_uint(g->util_pct);
+        utilization->memory = to_uint(g->mem_util_pct);));
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensorType, unsigned int *temp)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(temp) {
+        if (sensorType != 0)
+            rc = NVML_ERROR_NOT_SUPPORTED;
+        else
+            NA_OR(g->temp_c, *temp = to_uint(g->temp_c););
+    });
+}
+
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t dev, nvmlTemperature_t *temperature)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(temperature) {
+        if (temperature->version != NVML_TEMPERATURE_V1_VERSION)
+            rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        else if (temperature->sensorType != 0)
+            rc = NVML_ERROR_NOT_SUPPORTED;
+        else
+            NA_OR(g->temp_c, temperature->temperature = (int)to_uint(g->temp_c););
+    });
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned int *power)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(power) NA_OR(g->power_w, *power = to_uint(g->power_w * 1000.0);));
+}
+
+nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t dev, unsigned int *limit)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(limit) NA_OR(g->power_limit_w, *limit = to_uint(g->power_limit_w * 1000.0);));
+}
+
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t dev, unsigned int *limit)
+{
+    return nvmlDeviceGetPowerManagementLimit(dev, limit);
+}
+
+nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t dev, unsigned int *speed)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(speed) NA_OR(g->fan_pct, *speed = to_uint(g->fan_pct);));
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t dev, int *mode)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(mode) *mode = g->persistence;);
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *currentMode, unsigned int *pendingMode)
+{
+    DEVICE_CALL(dev, 0, if (!currentMode || !pendingMode) rc = NVML_ERROR_INVALID_ARGUMENT;
+                else *currentMode = *pendingMode = (unsigned)g->mig;);
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int errorType, int counterType, unsigned long long *eccCounts)
+{
+    DEVICE_CALL(dev, 0, {
+        if (!eccCounts || errorType < 0 || errorType > 1 || counterType < 0 || counterType > 1)
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *eccCounts = (unsigned long long)to_uint(errorType ? g->ecc_uncorrected : g->ecc_corrected);
+    });
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned int *corrRows, unsigned int *uncRows,
+                                       unsigned int *isPending, unsigned int *failureOccurred)
+{
+    DEVICE_CALL(dev, 0, {
+        if (!corrRows || !uncRows || !isPending || !failureOccurred) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            *corrRows = to_uint(g->rr_correctable);
+            *uncRows = to_uint(g->rr_uncorrectable);
+            *isPending = (unsigned)g->rr_pending;
+            *failureOccurred = (unsigned)g->rr_failure;
+        }
+    });
+}
+
+nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t dev, int *pState)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(pState) *pState = 0;);    /* NVML_PSTATE_0 */
+}
+
+nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t dev, int *isActive)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(isActive) *isActive = 0;);
+}
+
+nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t dev, int *display)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(display) *display = 0;);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t dev, int *mode)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(mode) *mode = 0;);        /* NVML_COMPUTEMODE_DEFAULT */
+}
+
+static nvmlReturn_t codec_util(nvmlDevice_t dev, unsigned int *utilization, unsigned int *samplingPeriodUs)
+{
+    DEVICE_CALL(dev, 0, if (!utilization || !samplingPeriodUs) rc = NVML_ERROR_INVALID_ARGUMENT;
+                else { *utilization = 0; *samplingPeriodUs = 167000; });
+}
+
+nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int *u, unsigned int *period) { return codec_util(dev, u, period); }
+nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int *u, unsigned int *period) { return codec_util(dev, u, period); }
+
+/* Stubs for things a Linux datacenter GPU in the simulator does not report. */
+static nvmlReturn_t not_supported(nvmlDevice_t dev)
+{
+    DEVICE_CALL(dev, 0, rc = NVML_ERROR_NOT_SUPPORTED;);
+}
+
+#define NOT_SUPPORTED_STUB(name, params, ...) \
+    nvmlReturn_t name params { __VA_ARGS__; return not_supported(dev); }
+
+NOT_SUPPORTED_STUB(nvmlDeviceGetDriverModel_v2, (nvmlDevice_t dev, int *current, int *pending), (void)current, (void)pending)
+NOT_SUPPORTED_STUB(nvmlDeviceGetDriverModel, (nvmlDevice_t dev, int *current, int *pending), (void)current, (void)pending)
+NOT_SUPPORTED_STUB(nvmlDeviceGetClockInfo, (nvmlDevice_t dev, int type, unsigned int *clock), (void)type, (void)clock)
+NOT_SUPPORTED_STUB(nvmlDeviceGetMaxClockInfo, (nvmlDevice_t dev, int type, unsigned int *clock), (void)type, (void)clock)
+NOT_SUPPORTED_STUB(nvmlDeviceGetBAR1MemoryInfo, (nvmlDevice_t dev, void *bar1Memory), (void)bar1Memory)
+NOT_SUPPORTED_STUB(nvmlDeviceGetPcieThroughput, (nvmlDevice_t dev, int counter, unsigned int *value), (void)counter, (void)value)
+NOT_SUPPORTED_STUB(nvmlDeviceGetSerial, (nvmlDevice_t dev, char *serial, unsigned int length), (void)serial, (void)length)
+NOT_SUPPORTED_STUB(nvmlDeviceGetMaxMigDeviceCount, (nvmlDevice_t dev, unsigned int *count), (void)count)
+NOT_SUPPORTED_STUB(nvmlDeviceGetMigDeviceHandleByIndex, (nvmlDevice_t dev, unsigned int index, nvmlDevice_t *mig),
+                   (void)index, (void)mig)
+NOT_SUPPORTED_STUB(nvmlDeviceGetGpuInstanceId, (nvmlDevice_t dev, unsigned int *id), (void)id)
+NOT_SUPPORTED_STUB(nvmlDeviceGetComputeInstanceId, (nvmlDevice_t dev, unsigned int *id), (void)id)
+NOT_SUPPORTED_STUB(nvmlDeviceGetDeviceHandleFromMigDeviceHandle, (nvmlDevice_t dev, nvmlDevice_t *parent), (void)parent)
+
+/* ------------------------------------------------------------------ processes */
+
+/* Fills up to *count entries of the given layout (16 or 24 bytes) with the listed processes of
+ * one type; the two-call size protocol of NVML. */
+static nvmlReturn_t running_processes(nvmlDevice_t dev, int type, int v3, unsigned int *count, void *infos,
+                                      size_t entry_size)
+{
+    DEVICE_CALL_IF(!(v3 && g_state.r470), dev, 0, {
+        size_t i;
+        unsigned n = 0, want;
+        if (g->no_permission) {
+            rc = NVML_ERROR_NO_PERMISSION;
+        } else if (!count) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            for (i = 0; i < g_state.nprocs; i++)
+                if (g_state.procs[i].gpu == g->index && g_state.procs[i].type == type && proc_listed(&g_state.procs[i]))
+                    n++;
+            if (!infos || *count < n) {
+                *count = n;
+                rc = n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+            } else {
+                want = n;
+                n = 0;
+                for (i = 0; i < g_state.nprocs && n < want; i++) {
+                    const sim_proc *p = &g_state.procs[i];
+                    unsigned long long mem;
+                    if (p->gpu != g->index || p->type != type || !proc_listed(p))
+                        continue;
+                    mem = isnan(p->used_mib) ? NVML_VALUE_NOT_AVAILABLE_ULL : mib_to_bytes(p->used_mib);
+                    if (entry_size == sizeof(nvmlProcessInfo_v1_t)) {
+                        nvmlProcessInfo_v1_t *e = (nvmlProcessInfo_v1_t *)infos + n;
+                        memset(e, 0, sizeof(*e));
+                        e->pid = p->pid;
+                        e->usedGpuMemory = mem;
+                    } else {
+                        nvmlProcessInfo_v2_t *e = (nvmlProcessInfo_v2_t *)infos + n;
+                        memset(e, 0, sizeof(*e));
+                        e->pid = p->pid;
+                        e->usedGpuMemory = mem;
+                        e->gpuInstanceId = e->computeInstanceId = NVML_NO_INSTANCE;
+                    }
+                    n++;
+                }
+                *count = n;
+            }
+        }
+    });
+}
+
+#define PROCESS_LIST(name, type, v3, entry_t) \
+    nvmlReturn_t name(nvmlDevice_t dev, unsigned int *infoCount, entry_t *infos) \
+    { return running_processes(dev, type, v3, infoCount, infos, sizeof(entry_t)); }
+
+PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses, PT_COMPUTE, 0, nvmlProcessInfo_v1_t)
+PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses, PT_GRAPHICS, 0, nvmlProcessInfo_v1_t)
+PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses, PT_MPS, 0, nvmlProcessInfo_v1_t)
+PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v2, PT_COMPUTE, 0, nvmlProcessInfo_v2_t)
+PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, PT_GRAPHICS, 0, nvmlProcessInfo_v2_t)
+PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, PT_MPS, 0, nvmlProcessInfo_v2_t)
+#ifndef SIM_R470
+PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses_v3, PT_COMPUTE, 1, nvmlProcessInfo_v2_t)
+PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, PT_GRAPHICS, 1, nvmlProcessInfo_v2_t)
+PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, PT_MPS, 1, nvmlProcessInfo_v2_t)
+#endif
+
+/* One sample per listed process, stamped "now"; NOT_FOUND when none is newer than lastSeen. */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtilizationSample_t *utilization,
+                                             unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
+{
+    DEVICE_CALL(dev, 0, {
+        unsigned long long stamp = (unsigned long long)(now_s() * 1e6);
+        unsigned n = 0, want;
+        size_t i;
+        if (g->no_permission) {
+            rc = NVML_ERROR_NO_PERMISSION;
+        } else if (!processSamplesCount) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            for (i = 0; i < g_state.nprocs; i++)
+                if (g_state.procs[i].gpu == g->index && proc_listed(&g_state.procs[i]))
+                    n++;
+            if (n == 0 || stamp <= lastSeenTimeStamp) {
+                *processSamplesCount = 0;
+                rc = NVML_ERROR_NOT_FOUND;
+            } else if (!utilization || *processSamplesCount < n) {
+                *processSamplesCount = n;
+                rc = NVML_ERROR_INSUFFICIENT_SIZE;
+            } else {
+                want = n;
+                n = 0;
+                for (i = 0; i < g_state.nprocs && n < want; i++) {
+                    const sim_proc *p = &g_state.procs[i];
+                    nvmlProcessUtilizationSample_t *s = &utilization[n];
+                    if (p->gpu != g->index || !proc_listed(p))
+                        continue;
+                    memset(s, 0, sizeof(*s));
+                    s->pid = p->pid;
+                    s->timeStamp = stamp;
+                    s->smUtil = to_uint(p->util_pct);
+                    s->memUtil = to_uint(p->mem_util_pct);
+                    n++;
+                }
+                *processSamplesCount = n;
+            }
+        }
+    });
+}
+
+/* ------------------------------------------------------------------ drain */
+
+static nvmlReturn_t drain_lookup(const nvmlPciInfo_t *pci, const sim_gpu **out)
+{
+    char bus_id[33];
+    int slot;
+    if (!pci)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memcpy(bus_id, pci->busId, sizeof(pci->busId));
+    bus_id[32] = '\0';
+    if (bus_id[0] == '\0')
+        snprintf(bus_id, sizeof(bus_id), "%08X:%02X:%02X.0", pci->domain, pci->bus & 0xFFu, pci->device & 0xFFu);
+    if ((slot = slot_by_bus_id(bus_id)) < 0)
+        return NVML_ERROR_NOT_FOUND;
+    *out = &g_state.gpus[slot];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceQueryDrainState(nvmlPciInfo_t *pciInfo, int *currentState)
+{
+    const sim_gpu *g = NULL;
+    nvmlReturn_t rc = api_begin();
+    if (rc == NVML_SUCCESS)
+        rc = drain_lookup(pciInfo, &g);
+    if (rc == NVML_SUCCESS) {
+        REQUIRE(currentState) *currentState = g->drain;
+    }
+    return api_end(rc);
+}
+
+/* The state file is read-only for the shim: root gets NOT_SUPPORTED, others NO_PERMISSION. */
+nvmlReturn_t nvmlDeviceModifyDrainState(nvmlPciInfo_t *pciInfo, int newState)
+{
+    const sim_gpu *g = NULL;
+    nvmlReturn_t rc = api_begin();
+    (void)newState;
+    if (rc == NVML_SUCCESS)
+        rc = drain_lookup(pciInfo, &g);
+    if (rc == NVML_SUCCESS)
+        rc = geteuid() == 0 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_NO_PERMISSION;
+    return api_end(rc);
+}
