@@ -17,7 +17,7 @@ CFLAGS ?= -O2 -Wall -Wextra -Werror=implicit-function-declaration
 all: test
 
 $(VENV)/.stamp: tests/requirements-dev.txt
-	python3 -m venv $(VENV)
+	[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r tests/requirements-dev.txt
 	touch $@

@@ -727,6 +727,24 @@ static double gpu_used_mib(const sim_gpu *g)
     return used > g->total_mib ? g->total_mib : used;
 }
 
+/* Device utilization: the state's figure, or the sum of the listed processes' utilization when
+ * that is higher (capped at 100), so `gpusim spawn --util 97` makes its GPU busy as a real one is. */
+static double gpu_util_pct(const sim_gpu *g)
+{
+    double busy = 0;
+    size_t i;
+    if (isnan(g->util_pct))
+        return g->util_pct;
+    for (i = 0; i < g_state.nprocs; i++) {
+        const sim_proc *p = &g_state.procs[i];
+        if (p->gpu == g->index && !isnan(p->util_pct) && p->util_pct > 0 && proc_listed(p))
+            busy += p->util_pct;
+    }
+    if (busy > 100)
+        busy = 100;
+    return busy > g->util_pct ? busy : g->util_pct;
+}
+
 /* ------------------------------------------------------------------ call plumbing */
 
 static nvmlReturn_t api_begin(void)
@@ -1054,7 +1072,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memor
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *utilization)
 {
     DEVICE_CALL(dev, 0, REQUIRE(utilization) NA_OR(g->util_pct,
-        utilization->gpu = to_uint(g->util_pct);
+        utilization->gpu = to_uint(gpu_util_pct(g));
         utilization->memory = to_uint(g->mem_util_pct);));
 }
 
