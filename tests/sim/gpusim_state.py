@@ -286,14 +286,17 @@ def gpu_used_mib(state, index, now=None):
 
 def annotate(state, now=None):
     """A copy of the state for `gpusim show`: per process alive/children_alive/counted_mib,
-    per GPU used_mib/free_mib."""
+    per GPU used_mib/free_mib/effective_util_pct."""
     if now is None:
         now = time.time()
     out = json.loads(json.dumps(state))
     delay = out.get('release_delay_ms') or 0
     used = {}
+    busy = {}
     for entry in out.get('processes', []):
         entry['alive'] = entry_listed(entry)
+        if entry['alive']:
+            busy[entry.get('gpu')] = busy.get(entry.get('gpu'), 0) + (entry.get('util_pct') or 0)
         entry['children_alive'] = children_alive(entry)
         entry['supervisor_alive'] = supervisor_alive(entry)
         counted = entry_counted(entry, delay, now)
@@ -304,6 +307,9 @@ def annotate(state, now=None):
         total_used = (gpu.get('memory_reserved_mib') or 0) + (gpu.get('leaked_mib') or 0) + used.get(gpu.get('index'), 0)
         gpu['used_mib'] = total_used
         gpu['free_mib'] = max(0, (gpu.get('memory_total_mib') or 0) - total_used)
+        # What the shim reports as device utilization: the state's figure or its live processes' sum.
+        if gpu.get('util_pct') is not None:
+            gpu['effective_util_pct'] = max(gpu['util_pct'], min(100, busy.get(gpu.get('index'), 0)))
     return out
 
 
