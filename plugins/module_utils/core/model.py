@@ -88,6 +88,9 @@ class DriverProcess:
     pid: int
     used_mib: Optional[int] = None
     types: List[str] = field(default_factory=list)
+    # SM utilization (percent) from the driver's per-process samples; None when the driver has
+    # no per-process figure (call not supported, no permission, error).
+    util_pct: Optional[int] = None
 
     @property
     def type(self):
@@ -241,6 +244,9 @@ class GpuProcess:
     used_mib: Optional[int] = None
     used_mib_by_gpu: Dict[int, Optional[int]] = field(default_factory=dict)
     types: List[str] = field(default_factory=list)
+    # Highest per-process utilization over its GPUs; None as soon as one GPU cannot tell.
+    util_pct: Optional[int] = None
+    util_pct_by_gpu: Dict[int, Optional[int]] = field(default_factory=dict)
     user: Optional[str] = None
     uid: Optional[int] = None
     name: Optional[str] = None
@@ -269,16 +275,19 @@ class GpuProcess:
             return None
         return bool(self.device_paths)
 
-    def add_gpu(self, gpu_index, used_mib, types):
+    def add_gpu(self, gpu_index, used_mib, types, util_pct=None):
         if gpu_index not in self.gpu_indexes:
             self.gpu_indexes.append(gpu_index)
             self.gpu_indexes.sort()
         self.used_mib_by_gpu[gpu_index] = used_mib
+        self.util_pct_by_gpu[gpu_index] = util_pct
         for ptype in types:
             if ptype not in self.types:
                 self.types.append(ptype)
         values = list(self.used_mib_by_gpu.values())
         self.used_mib = None if any(v is None for v in values) else sum(values)
+        utils = list(self.util_pct_by_gpu.values())
+        self.util_pct = None if any(v is None for v in utils) else max(utils)
 
     def join(self, record):
         """Copy the host process table's view of this pid (a ProcessRecord)."""

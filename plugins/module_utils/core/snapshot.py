@@ -163,7 +163,7 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
                 proc = by_pid.get(dproc.pid)
                 if proc is None:
                     proc = by_pid[dproc.pid] = GpuProcess(pid=dproc.pid)
-                proc.add_gpu(dev.index, dproc.used_mib, dproc.types)
+                proc.add_gpu(dev.index, dproc.used_mib, dproc.types, dproc.util_pct)
         listed_anywhere = set(p.pid for dev in all_devices for p in dev.driver_processes)
         result = inventory.scan(sorted(by_pid))
         errors.extend(result.errors)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from .errors import InvalidArgument
@@ -40,7 +41,7 @@ def parse_duration(value, field='duration'):
     if isinstance(value, bool):
         raise InvalidArgument(field, value, 'expected a duration such as 90s, 30m or 2h')
     if isinstance(value, (int, float)):
-        if value < 0 or value != value:  # NaN is not equal to itself
+        if value < 0 or math.isnan(value):
             raise InvalidArgument(field, value, 'a duration must not be negative')
         return float(value)
     if not isinstance(value, str):
@@ -71,7 +72,7 @@ def parse_size_mib(value, field='size'):
     if isinstance(value, bool):
         raise InvalidArgument(field, value, 'expected a size such as 512MiB or 8GiB')
     if isinstance(value, (int, float)):
-        if value < 0 or value != value:
+        if value < 0 or math.isnan(value):
             raise InvalidArgument(field, value, 'a size must not be negative')
         return float(value)
     if not isinstance(value, str):

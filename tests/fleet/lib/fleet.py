@@ -290,9 +290,9 @@ def _stop(fleet_dir, nodes, inits, unshares, held, timeout, quiet, started):
             stray = pids_in_held_pidns(held)
     problems = []
     if left:
-        problems.append('node inits still alive: %s' % ', '.join(str(p) for p, _ in left))
+        problems.append('node inits still alive: %s' % ', '.join(str(p) for p, _start in left))
     if uleft:
-        problems.append('unshare processes still alive: %s' % ', '.join(str(p) for p, _ in uleft))
+        problems.append('unshare processes still alive: %s' % ', '.join(str(p) for p, _start in uleft))
     if stray:
         problems.append('processes left in node namespaces: %s' % ', '.join(str(p) for p in stray))
     if problems:
@@ -431,7 +431,7 @@ class PortPicker:
         self.next = random.randrange(*PORT_RANGE)
 
     def pick(self):
-        for _ in range(PORT_RANGE[1] - PORT_RANGE[0]):
+        for _attempt in range(PORT_RANGE[1] - PORT_RANGE[0]):
             port = self.next
             self.next = PORT_RANGE[0] if self.next + 1 >= PORT_RANGE[1] else self.next + 1
             if port not in self.used and _port_free(port):
@@ -470,7 +470,7 @@ def _keygen(paths_and_comments):
         procs.append(subprocess.Popen([SSH_KEYGEN, '-q', '-t', 'ed25519', '-N', '', '-C', comment, '-f', path],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     for proc in procs:
-        _, err = proc.communicate()
+        err = proc.communicate()[1]
         if proc.returncode != 0:
             raise FleetError('ssh-keygen failed: %s' % err.decode(errors='replace').strip())
 

@@ -101,7 +101,7 @@ def hold_namespaces(records):
 def pids_in_namespaces(fds):
     wanted = {(os.fstat(fd).st_dev, os.fstat(fd).st_ino) for fd in fds}
     found = []
-    for pid, _ in live_pids():
+    for pid, _start in live_pids():
         try:
             st = os.stat('/proc/%d/ns/pid' % pid)
         except OSError:
@@ -129,7 +129,7 @@ def descendants(roots):
 def pids_mentioning(text):
     """Live host pids whose command line mentions `text` (the fleet dir is in every node's command line)."""
     found = []
-    for pid, _ in live_pids():
+    for pid, _start in live_pids():
         if pid == os.getpid():
             continue
         try:

@@ -125,7 +125,7 @@ def test_check_mode_sends_nothing(spawn):
 
 
 def test_parallel_signalling_takes_the_slowest_not_the_sum(spawn):
-    procs = [spawn([sys.executable, '-c', IGNORE_TERM]) for _ in range(6)]
+    procs = [spawn([sys.executable, '-c', IGNORE_TERM]) for _n in range(6)]
     time.sleep(0.5)
     started = time.monotonic()
     victims = killer.terminate([victim_for(p) for p in procs], timeout=0.5, force=True)
