@@ -67,8 +67,9 @@ integration: venv collection
 fleet-test: venv sim
 	PATH=$(BIN):$$PATH $(PY) -m pytest -q -p no:cacheprovider tests/fleet/tests
 
-lint: venv
-	PATH=$(BIN):$$PATH $(BIN)/ansible-lint --offline
+# ansible-lint resolves gpufleet.reclaim.* through the scratch collection tree.
+lint: venv collection
+	ANSIBLE_COLLECTIONS_PATH=$(COLL_ROOT) PATH=$(BIN):$$PATH $(BIN)/ansible-lint --offline
 
 changelog-lint: venv
 	$(BIN)/antsibull-changelog lint
