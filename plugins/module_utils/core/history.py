@@ -1,0 +1,268 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
+"""GPU usage history in SQLite: one writer (``record_samples``, called by the guard's ticks) and
+one reader (``HistoryReader``: per-process series for the rogue detector, usage reports for
+gpu_audit).
+
+Each call of ``record_samples`` appends one row per (GPU process, GPU) and one row per GPU, all
+with the same ``ts``.  ``interval_s`` says how many seconds the sample stands for: the caller's
+tick interval, else the time since the previous sample (capped at ``max_gap_s``, so a guard that
+was stopped for a day does not credit a day).  GPU-hours are sums of ``interval_s``.  Rows older
+than ``retention_days`` are deleted by the writer; the reader opens the file read-only and never
+creates or changes it.  docs/audit-schema.md documents the schema.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from urllib.parse import quote
+
+from .errors import GpuFleetError
+
+DEFAULT_PATH = '/var/lib/gpufleet/history.db'
+SCHEMA_VERSION = 1
+DEFAULT_RETENTION_DAYS = 30
+MAX_RETENTION_DAYS = 3660
+DEFAULT_INTERVAL_S = 60.0
+DEFAULT_MAX_GAP_S = 600.0
+MAX_CMDLINE = 4096
+BUSY_TIMEOUT_S = 10.0
+
+SCHEMA = (
+    'CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)',
+    'CREATE TABLE IF NOT EXISTS samples ('
+    ' ts REAL NOT NULL, interval_s REAL NOT NULL, gpu_index INTEGER NOT NULL, gpu_uuid TEXT,'
+    ' pid INTEGER NOT NULL, starttime INTEGER, user TEXT, name TEXT, cmdline TEXT,'
+    ' used_mib INTEGER, util_pct REAL)',
+    'CREATE INDEX IF NOT EXISTS samples_ts ON samples (ts)',
+    'CREATE INDEX IF NOT EXISTS samples_proc ON samples (pid, starttime, ts)',
+    'CREATE TABLE IF NOT EXISTS gpu_samples ('
+    ' ts REAL NOT NULL, interval_s REAL NOT NULL, gpu_index INTEGER NOT NULL, gpu_uuid TEXT,'
+    ' util_pct REAL, memory_used_mib INTEGER, memory_total_mib INTEGER, process_count INTEGER)',
+    'CREATE INDEX IF NOT EXISTS gpu_samples_ts ON gpu_samples (ts)',
+)
+
+
+class HistoryError(GpuFleetError):
+    """The history database cannot be read or written (permissions, corruption, newer schema)."""
+
+
+def _gpu_util(proc, dev):
+    """Per-(process, GPU) utilization: the driver's own figure, else the GPU's when the process is alone on it."""
+    value = getattr(proc, 'util_pct', None)
+    if value is not None:
+        return float(value)
+    if dev is None or dev.utilization_pct is None or len(dev.driver_processes) != 1:
+        return None
+    return float(dev.utilization_pct)
+
+
+def _connect_rw(path):
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, mode=0o750, exist_ok=True)
+        if not os.path.exists(path):
+            # The history holds command lines: readable by root only.
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0), 0o600))
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    except (OSError, sqlite3.Error) as exc:
+        raise HistoryError('cannot open the usage history %s: %s' % (path, exc))
+    return conn
+
+
+def init_schema(conn):
+    """Create the tables (idempotent) and check the stored schema version."""
+    for statement in SCHEMA:
+        conn.execute(statement)
+    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is None:
+        conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    elif int(row[0]) > SCHEMA_VERSION:
+        raise HistoryError('the usage history has schema version %s; this release understands up to %d' % (row[0], SCHEMA_VERSION))
+
+
+def record_samples(db, snapshot, now=None, interval_s=None, retention_days=DEFAULT_RETENTION_DAYS, max_gap_s=DEFAULT_MAX_GAP_S,
+                   host=None):
+    """Append one sample of ``snapshot`` to the history ``db`` (a path or an sqlite3 connection).
+
+    Returns ``{'ts', 'interval_s', 'rows', 'pruned'}``.  Raises HistoryError when the database
+    cannot be written.  ``host`` is recorded in meta (one database per node).
+    """
+    now = time.time() if now is None else float(now)
+    if isinstance(retention_days, bool) or not 0 < retention_days <= MAX_RETENTION_DAYS:
+        raise HistoryError('history_retention_days must be from 1 to %d, got %r' % (MAX_RETENTION_DAYS, retention_days))
+    own = not isinstance(db, sqlite3.Connection)
+    conn = _connect_rw(db) if own else db
+    try:
+        conn.execute('BEGIN IMMEDIATE')
+        try:
+            init_schema(conn)
+            if interval_s is None:
+                last = conn.execute('SELECT MAX(ts) FROM gpu_samples WHERE ts < ?', (now,)).fetchone()[0]
+                interval_s = DEFAULT_INTERVAL_S if last is None else min(max(0.0, now - last), float(max_gap_s))
+            interval_s = float(interval_s)
+            rows = []
+            by_index = dict((dev.index, dev) for dev in snapshot.all_devices)
+            for proc in snapshot.processes:
+                cmdline = ' '.join(proc.cmdline or [])[:MAX_CMDLINE] if proc.cmdline is not None else None
+                for index in proc.gpu_indexes:
+                    dev = by_index.get(index)
+                    rows.append((now, interval_s, index, dev.uuid if dev else None, proc.pid, proc.starttime, proc.user,
+                                 proc.name, cmdline, proc.used_mib_by_gpu.get(index), _gpu_util(proc, dev)))
+            conn.executemany('INSERT INTO samples (ts, interval_s, gpu_index, gpu_uuid, pid, starttime, user, name, cmdline,'
+                             ' used_mib, util_pct) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', rows)
+            gpu_rows = [(now, interval_s, dev.index, dev.uuid, dev.utilization_pct, dev.memory_used_mib, dev.memory_total_mib,
+                         len(dev.driver_processes)) for dev in snapshot.devices]
+            conn.executemany('INSERT INTO gpu_samples (ts, interval_s, gpu_index, gpu_uuid, util_pct, memory_used_mib,'
+                             ' memory_total_mib, process_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?)', gpu_rows)
+            cutoff = now - retention_days * 86400.0
+            pruned = conn.execute('DELETE FROM samples WHERE ts < ?', (cutoff,)).rowcount
+            conn.execute('DELETE FROM gpu_samples WHERE ts < ?', (cutoff,))
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('retention_days', ?)", (str(retention_days),))
+            if host:
+                conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('host', ?)", (str(host),))
+            conn.execute('COMMIT')
+        except BaseException:
+            conn.execute('ROLLBACK')
+            raise
+    except sqlite3.Error as exc:
+        raise HistoryError('cannot write the usage history %s: %s' % (db if own else 'database', exc))
+    finally:
+        if own:
+            conn.close()
+    return {'ts': now, 'interval_s': interval_s, 'rows': len(rows), 'pruned': pruned}
+
+
+class HistoryReader(object):
+    """Read-only access to a history database (never creates or changes the file)."""
+
+    def __init__(self, path=DEFAULT_PATH):
+        self.path = path
+        if not os.path.isfile(path):
+            raise HistoryError('no usage history at %s (the guard writes it; see gpufleet.reclaim.guard)' % path)
+        try:
+            self.conn = sqlite3.connect('file:%s?mode=ro' % quote(os.path.abspath(path)), uri=True, timeout=BUSY_TIMEOUT_S)
+            self.meta = dict(self.conn.execute('SELECT key, value FROM meta').fetchall())
+        except sqlite3.Error as exc:
+            raise HistoryError('cannot read the usage history %s: %s' % (path, exc))
+        version = int(self.meta.get('schema_version', 0) or 0)
+        if version > SCHEMA_VERSION:
+            self.close()
+            raise HistoryError('the usage history %s has schema version %d; this release understands up to %d' % (
+                path, version, SCHEMA_VERSION))
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def series(self, pid, starttime, since):
+        """([(ts, util_pct)], [(ts, used_mib)]) of one process since ``since``, one point per sample time."""
+        rows = self.conn.execute(
+            'SELECT ts, MAX(util_pct), SUM(used_mib), COUNT(util_pct), COUNT(used_mib), COUNT(*) FROM samples'
+            ' WHERE pid = ? AND starttime = ? AND ts >= ? GROUP BY ts ORDER BY ts', (pid, starttime, since)).fetchall()
+        util = [(ts, float(u)) for ts, u, _m, known_u, _known_m, count in rows if u is not None and known_u == count]
+        mem = [(ts, float(m)) for ts, _u, m, _known_u, known_m, count in rows if m is not None and known_m == count]
+        return util, mem
+
+    def report(self, hours=24.0, now=None, idle_util_pct=5.0, top=10):
+        """Usage over the last ``hours``: per user, top processes, per GPU (see docs/audit-schema.md)."""
+        now = time.time() if now is None else float(now)
+        since = now - float(hours) * 3600.0
+        conn = self.conn
+        try:
+            samples = conn.execute('SELECT COUNT(DISTINCT ts), MIN(ts), MAX(ts) FROM gpu_samples WHERE ts > ? AND ts <= ?',
+                                   (since, now)).fetchone()
+            # One row per (sample time, user, GPU): a user holds a GPU once however many processes it runs there.
+            per_user_gpu = (
+                'SELECT ts, user, gpu_index, MAX(interval_s) AS iv, SUM(COALESCE(used_mib, 0)) AS mib,'
+                ' MAX(util_pct) AS maxu, COUNT(util_pct) AS known, COUNT(*) AS n'
+                ' FROM samples WHERE ts > ? AND ts <= ? GROUP BY ts, user, gpu_index')
+            users = conn.execute(
+                'SELECT user, SUM(iv) / 3600.0,'
+                ' SUM(CASE WHEN mib > 0 AND known = n AND maxu <= ? THEN iv ELSE 0 END) / 3600.0,'
+                ' COUNT(DISTINCT gpu_index) FROM (%s) GROUP BY user' % per_user_gpu, (idle_util_pct, since, now)).fetchall()
+            peaks = dict(conn.execute(
+                'SELECT user, MAX(total) FROM (SELECT ts, user, SUM(COALESCE(used_mib, 0)) AS total FROM samples'
+                ' WHERE ts > ? AND ts <= ? GROUP BY ts, user) GROUP BY user', (since, now)).fetchall())
+            nprocs = dict(conn.execute(
+                'SELECT user, COUNT(*) FROM (SELECT DISTINCT user, pid, starttime FROM samples WHERE ts > ? AND ts <= ?)'
+                ' GROUP BY user', (since, now)).fetchall())
+            per_proc = (
+                'SELECT pid, starttime, ts, MAX(interval_s) AS iv, SUM(COALESCE(used_mib, 0)) AS mib, MAX(util_pct) AS maxu,'
+                ' COUNT(util_pct) AS known, COUNT(*) AS n, COUNT(*) AS gpus'
+                ' FROM samples WHERE ts > ? AND ts <= ? GROUP BY pid, starttime, ts')
+            procs = conn.execute(
+                'SELECT pid, starttime, SUM(iv * gpus) / 3600.0,'
+                ' SUM(CASE WHEN mib > 0 AND known = n AND maxu <= ? THEN iv * gpus ELSE 0 END) / 3600.0,'
+                ' MAX(mib), AVG(maxu), MIN(ts), MAX(ts) FROM (%s) GROUP BY pid, starttime'
+                ' ORDER BY 3 DESC, 5 DESC, pid LIMIT ?' % per_proc, (idle_util_pct, since, now, int(top))).fetchall()
+            top_processes = []
+            for pid, starttime, gpu_hours, idle_hours, peak, mean_util, first, last in procs:
+                row = conn.execute(
+                    'SELECT user, name, cmdline FROM samples WHERE pid = ? AND starttime IS ? AND ts > ? AND ts <= ?'
+                    ' ORDER BY ts DESC LIMIT 1', (pid, starttime, since, now)).fetchone()
+                gpus = [r[0] for r in conn.execute(
+                    'SELECT DISTINCT gpu_index FROM samples WHERE pid = ? AND starttime IS ? AND ts > ? AND ts <= ?'
+                    ' ORDER BY gpu_index', (pid, starttime, since, now)).fetchall()]
+                top_processes.append({
+                    'pid': pid, 'starttime': starttime, 'user': row[0], 'name': row[1], 'cmdline': row[2], 'gpu_indexes': gpus,
+                    'gpu_hours': _round(gpu_hours), 'idle_gpu_hours': _round(idle_hours), 'peak_mib': peak,
+                    'mean_util_pct': None if mean_util is None else round(mean_util, 1), 'first_seen': first, 'last_seen': last})
+            gpus = conn.execute(
+                'SELECT gpu_index, MAX(gpu_uuid), SUM(CASE WHEN process_count > 0 THEN interval_s ELSE 0 END) / 3600.0,'
+                ' AVG(util_pct), MAX(memory_used_mib), MAX(memory_total_mib) FROM gpu_samples WHERE ts > ? AND ts <= ?'
+                ' GROUP BY gpu_index ORDER BY gpu_index', (since, now)).fetchall()
+        except sqlite3.Error as exc:
+            raise HistoryError('cannot read the usage history %s: %s' % (self.path, exc))
+        user_rows = [{'user': user, 'gpu_hours': _round(gpu_hours), 'idle_gpu_hours': _round(idle_hours),
+                      'peak_mib': peaks.get(user), 'gpus': ngpus, 'processes': nprocs.get(user, 0)}
+                     for user, gpu_hours, idle_hours, ngpus in users]
+        user_rows.sort(key=lambda r: (-r['gpu_hours'], str(r['user'])))
+        retention = self.meta.get('retention_days')
+        warnings = []
+        if retention is not None and float(hours) > float(retention) * 24:
+            warnings.append('asked for %s hours but the history keeps only %s days' % (hours, retention))
+        if not samples[0]:
+            warnings.append('the usage history has no samples in the last %s hours' % hours)
+        return {
+            'available': True,
+            'path': self.path,
+            'hours': float(hours),
+            'since': since,
+            'until': now,
+            'samples': samples[0] or 0,
+            'first_sample': samples[1],
+            'last_sample': samples[2],
+            'retention_days': None if retention is None else int(float(retention)),
+            'idle_util_pct': idle_util_pct,
+            'users': user_rows,
+            'top_processes': top_processes,
+            'gpus': [{'gpu_index': index, 'gpu_uuid': uuid, 'busy_hours': _round(busy),
+                      'mean_util_pct': None if util is None else round(util, 1), 'peak_used_mib': peak, 'memory_total_mib': total}
+                     for index, uuid, busy, util, peak, total in gpus],
+            'warnings': warnings,
+        }
+
+
+def _round(value):
+    return round(value or 0.0, 4)
+
+
+def report(path=DEFAULT_PATH, hours=24.0, now=None, idle_util_pct=5.0, top=10):
+    """The usage report of the history at ``path``; ``available: false`` with the reason when there is none."""
+    try:
+        reader = HistoryReader(path)
+    except HistoryError as exc:
+        return {'available': False, 'path': path, 'hours': float(hours), 'error': str(exc), 'users': [], 'top_processes': [],
+                'gpus': [], 'warnings': [str(exc)]}
+    try:
+        return reader.report(hours=hours, now=now, idle_util_pct=idle_util_pct, top=top)
+    finally:
+        reader.close()

@@ -1,0 +1,476 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_audit
+short_description: Find rogue GPU processes such as crypto-miners, with evidence, and report GPU usage history
+version_added: 0.1.0
+description:
+  - Examines every process that uses a GPU (and every process holding a GPU device file) with the rogue detector and
+    returns one finding per suspicious process - who, which GPU, how much memory, a score from 0 to 100, a level
+    (V(critical), V(high), V(medium) or V(info)) and every rule that fired with its concrete evidence (the matched
+    argument, wallet address, pool address and port, executable path).
+  - Indicators come in three kinds. Hard ones (a stratum URL, a set of miner options, a wallet address as a user option, a
+    known pool host, a connection to a pool) are what miners cannot do without. Soft ones (a miner binary name, an
+    algorithm option, a process that claims to be Python but runs another executable, an executable that was deleted or
+    lives in C(/tmp), C(/dev/shm) or a hidden directory, miner environment variables, GPU use outside any Slurm job or
+    container on a host that uses them) are suspicious. Behavioural ones (flat 95%+ utilization over a long window, flat
+    memory, no ML library mapped, started by a web server, cron or C(curl | sh)) are weak and capped.
+  - V(critical) needs a hard indicator. V(high) needs a hard indicator or several soft ones. Behavioural indicators alone
+    never go beyond V(medium). The rules, their weights and the scoring are documented in C(docs/rogue-detection.md).
+  - Operators add pools, miner names, custom rules and an allowlist in a YAML O(rules_file) or inline in O(rules).
+    Allowlist entries match by executable path plus SHA-256, by user plus a command line pattern, or by container image;
+    never by a process name or a user alone. An allowlisted process is reported at level V(info) with RV(findings[].allowlisted).
+  - With O(history=true) the module also reports GPU usage from the usage history that the guard records on the node
+    (GPU-hours, idle GPU-hours and peak memory per user, the top processes, per-GPU figures) over the last O(hours).
+  - The module never changes anything on the node except appending to O(log_path) and sending to syslog, which it does not
+    do in check mode.
+author:
+  - gpufleet.reclaim developers (!UNKNOWN)
+requirements:
+  - psutil
+  - PyYAML (only for O(rules_file))
+  - nvidia-ml-py (for NVIDIA GPUs)
+  - amdsmi (for AMD GPUs)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpufleet.reclaim._attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Check mode examines and returns the same findings and report; it does not append to O(log_path) or send to syslog.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    details:
+      - The module never reports a change.
+  platform:
+    support: full
+    platforms: posix
+options:
+  rules_file:
+    description:
+      - A YAML file on the node with extra pools, pool ports, miner names, miner environment variables, custom rules, weight
+        overrides, disabled rules and the allowlist (schema in C(docs/rogue-detection.md)).
+      - The file is validated before anything is examined; an unknown key, a bad regular expression or a weight out of
+        range fails the task with the file, the line and the field.
+    type: path
+  rules:
+    description:
+      - The same content as O(rules_file), given inline; applied after O(rules_file).
+    type: dict
+  min_level:
+    description: Return (and log) only findings at or above this level.
+    type: str
+    default: info
+    choices: [info, medium, high, critical]
+  require_allocation:
+    description:
+      - Whether GPU use outside any Slurm job or container counts as an indicator (rule C(S-no-allocation)).
+      - V(auto) counts it on hosts that use allocations - where other GPU processes run in jobs or containers, or
+        C(slurmd) or C(kubelet) runs.
+    type: str
+    default: auto
+    choices: [auto, always, never]
+  history:
+    description: Also return RV(report), the GPU usage report from O(history_path).
+    type: bool
+    default: false
+  history_path:
+    description:
+      - The SQLite usage history on the node, written by the guard.
+      - When it exists, the detector also reads each process's utilization and memory samples from it (for the flat
+        utilization and flat memory indicators), whatever O(history) says. The file is opened read-only.
+    type: path
+    default: /var/lib/gpufleet/history.db
+  hours:
+    description: The period of RV(report), in hours before now.
+    type: float
+    default: 24
+  top:
+    description: How many processes the C(top_processes) of RV(report) lists.
+    type: int
+    default: 10
+  idle_util_pct:
+    description: In RV(report), a GPU held with memory at or below this utilization (percent) counts as idle.
+    type: int
+    default: 5
+  log_path:
+    description:
+      - Append each returned finding as one JSON object per line (JSON Lines, hash-chained) to this file on the node.
+      - The record format is documented in C(docs/audit-schema.md) and stays stable within a major version.
+    type: path
+  syslog:
+    description: Also send each returned finding to the local syslog (ident C(gpufleet-audit)), one message per finding.
+    type: bool
+    default: false
+  facility:
+    description: The syslog facility for O(syslog=true).
+    type: str
+    default: user
+    choices: [user, daemon, auth, authpriv, local0, local1, local2, local3, local4, local5, local6, local7]
+  gpus:
+    description: Examine only processes on these GPUs (host-wide indexes or UUIDs).
+    type: list
+    elements: str
+  vendor:
+    description: Which vendor library to read (V(auto) reads every one that loads).
+    type: str
+    default: auto
+    choices: [auto, nvidia, amd, intel, apple]
+notes:
+  - Run as root (C(become=true)). Without root the environment, mapped libraries, open sockets and executable of other users'
+    processes cannot be read; what could not be read is listed in RV(findings[].notes) and those indicators cannot fire.
+  - The guard's policy dry run is not part of this module yet; RV(violations) is always empty.
+  - Pool host names are matched in command lines and environments only; connections are matched against the IP addresses
+    and networks of the pool list and against the pool ports. No DNS lookups are made.
+seealso:
+  - module: gpufleet.reclaim.gpu_kill
+  - module: gpufleet.reclaim.gpu_facts
+"""
+
+EXAMPLES = r"""
+- name: Audit every GPU node for miners
+  gpufleet.reclaim.gpu_audit:
+  become: true
+  register: audit
+
+- name: Show what was found
+  ansible.builtin.debug:
+    msg: "{{ item.level }} {{ item.score }}: pid {{ item.pid }} ({{ item.user }}) {{ item.rules | map(attribute='id') | list }}"
+  loop: "{{ audit.findings }}"
+
+- name: Audit with site rules, log findings of medium and above, and report the last week's usage
+  gpufleet.reclaim.gpu_audit:
+    rules_file: /etc/gpufleet/rogue.yml
+    min_level: medium
+    log_path: /var/log/gpufleet/audit.jsonl
+    syslog: true
+    history: true
+    hours: 168
+  become: true
+
+- name: Inline pool list and an allowlisted benchmark
+  gpufleet.reclaim.gpu_audit:
+    rules:
+      pools: [203.0.113.0/24, pool.example.net]
+      allowlist:
+        - user: alice
+          cmdline: '^hashcat -b'
+          expires: 2026-12-31
+          comment: hashcat benchmark for the GPU acceptance test
+  become: true
+
+- name: Kill what the audit calls critical (the same detector)
+  gpufleet.reclaim.gpu_kill:
+    rogue: true
+    force: true
+  become: true
+"""
+
+RETURN = r"""
+findings:
+  description:
+    - One entry per examined process on which at least one rule fired, at or above O(min_level), highest score first.
+    - The same objects are written to O(log_path) (with a few record fields added, see C(docs/audit-schema.md)).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+      returned: always
+    starttime:
+      description: Start time of the process (field 22 of C(/proc/PID/stat)); with RV(findings[].pid) it identifies the process.
+      type: int
+      returned: always
+    user:
+      description: Owner.
+      type: str
+      returned: always
+    uid:
+      description: Owner's uid.
+      type: int
+      returned: always
+    name:
+      description: Process name.
+      type: str
+      returned: always
+    exe:
+      description: The executable (C(/proc/PID/exe)), with C( (deleted)) when it was deleted.
+      type: str
+      returned: always
+    cmdline:
+      description: The command line (at most 64 arguments of 1024 characters each).
+      type: list
+      elements: str
+      returned: always
+    cmdline_truncated:
+      description: Whether RV(findings[].cmdline) was shortened.
+      type: bool
+      returned: always
+    gpu_indexes:
+      description: Host-wide indexes of the GPUs the process uses.
+      type: list
+      elements: int
+      returned: always
+    used_mib:
+      description: GPU memory the process holds (MiB), V(null) when unknown.
+      type: int
+      returned: always
+    container:
+      description: Container id, runtime, pod uid and image (when the runtime's files tell it), or V(null).
+      type: dict
+      returned: always
+    slurm_job:
+      description: Slurm job id, or V(null).
+      type: str
+      returned: always
+    listed:
+      description: V(false) for a process that holds a GPU device file but that the driver does not list.
+      type: bool
+      returned: always
+    score:
+      description: 0 to 100.
+      type: int
+      returned: always
+    level:
+      description: V(critical), V(high), V(medium) or V(info).
+      type: str
+      returned: always
+    points:
+      description: The points of the hard, soft and behavioural rules (behavioural capped and after suppressors) before the total is capped at 100.
+      type: dict
+      returned: always
+    rules:
+      description: Every rule that fired - C(id), C(kind), C(weight), C(description) and C(evidence), a list of C(source) (where, such
+        as C(argv[3]), C(env:POOL), C(exe), C(connection)), C(value) (the matched text, address or path) and C(note).
+      type: list
+      elements: dict
+      returned: always
+    suppressors:
+      description: Indicators that lowered the behavioural points (such as ML libraries mapped), with evidence.
+      type: list
+      elements: dict
+      returned: always
+    allowlisted:
+      description: The allowlist entry that matched (its number, source, kind and expiry), else V(null).
+      type: dict
+      returned: always
+    notes:
+      description: What could not be examined and why.
+      type: list
+      elements: str
+      returned: always
+  sample:
+    - pid: 4242
+      starttime: 1234567
+      user: bob
+      uid: 1001
+      name: python
+      exe: /dev/shm/.x/python (deleted)
+      cmdline: [python, train.py, -o, "stratum+tcp://pool.example.net:3333", -u, "4...wallet"]
+      cmdline_truncated: false
+      gpu_indexes: [0]
+      used_mib: 2048
+      container: null
+      slurm_job: null
+      listed: true
+      score: 100
+      level: critical
+      points: {hard: 100, soft: 55, behavioural: 10}
+      rules:
+        - id: H-stratum
+          kind: hard
+          weight: 60
+          description: a stratum mining URL in the command line or environment
+          evidence: [{source: "argv[3]", value: "stratum+tcp://pool.example.net:3333", note: null}]
+      suppressors: []
+      allowlisted: null
+      notes: []
+violations:
+  description: Policy violations. Always empty in this release (the guard's policy engine is not part of it yet).
+  returned: always
+  type: list
+  elements: dict
+  sample: []
+summary:
+  description: Counts of RV(findings) per level, the number of allowlisted findings and of examined processes.
+  returned: always
+  type: dict
+  sample: {critical: 1, high: 0, medium: 2, info: 3, allowlisted: 1, total: 6, evaluated: 9}
+report:
+  description:
+    - The usage report when O(history=true), else V(null). C(available) is V(false) (with C(error)) when there is no history.
+    - C(users) has C(user), C(gpu_hours), C(idle_gpu_hours), C(peak_mib), C(gpus) and C(processes); C(top_processes) has C(pid),
+      C(starttime), C(user), C(name), C(cmdline), C(gpu_indexes), C(gpu_hours), C(idle_gpu_hours), C(peak_mib), C(mean_util_pct),
+      C(first_seen) and C(last_seen); C(gpus) has C(gpu_index), C(gpu_uuid), C(busy_hours), C(mean_util_pct), C(peak_used_mib) and
+      C(memory_total_mib).
+  returned: always
+  type: dict
+  sample:
+    available: true
+    hours: 24
+    samples: 1440
+    retention_days: 30
+    users: [{user: alice, gpu_hours: 23.9, idle_gpu_hours: 4.5, peak_mib: 40960, gpus: 2, processes: 3}]
+    top_processes: []
+    gpus: []
+logged:
+  description: How many findings were appended to O(log_path) and sent to syslog.
+  returned: always
+  type: dict
+  sample: {log_path: 1, syslog: 1}
+msg:
+  description: One-line summary.
+  returned: always
+  type: str
+  sample: "examined 9 process(es): 1 critical, 0 high, 2 medium, 3 info"
+"""
+
+import json
+import socket
+import traceback
+import uuid
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, history, rogue
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
+
+FACILITIES = ('user', 'daemon', 'auth', 'authpriv', 'local0', 'local1', 'local2', 'local3', 'local4', 'local5', 'local6', 'local7')
+RECORD_SCHEMA = 1
+
+
+def argument_spec():
+    return dict(
+        rules_file=dict(type='path'),
+        rules=dict(type='dict'),
+        min_level=dict(type='str', default='info', choices=list(rogue.LEVELS)),
+        require_allocation=dict(type='str', default='auto', choices=['auto', 'always', 'never']),
+        history=dict(type='bool', default=False),
+        history_path=dict(type='path', default=history.DEFAULT_PATH),
+        hours=dict(type='float', default=24.0),
+        top=dict(type='int', default=10),
+        idle_util_pct=dict(type='int', default=5),
+        log_path=dict(type='path'),
+        syslog=dict(type='bool', default=False),
+        facility=dict(type='str', default='user', choices=list(FACILITIES)),
+        gpus=dict(type='list', elements='str'),
+        vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
+    )
+
+
+def validate(params):
+    """Check the numeric options; raises InvalidArgument."""
+    if not 0 < params['hours'] <= 24 * 3660:
+        raise InvalidArgument('hours', params['hours'], 'expected more than 0 and at most 87840 hours')
+    if not 1 <= params['top'] <= 1000:
+        raise InvalidArgument('top', params['top'], 'expected 1 to 1000')
+    if not 0 <= params['idle_util_pct'] <= 100:
+        raise InvalidArgument('idle_util_pct', params['idle_util_pct'], 'expected a percentage from 0 to 100')
+
+
+def log_record(finding, run_id, host):
+    """The JSON Lines record of one finding (docs/audit-schema.md); audit_log adds ts, prev_hash and hash."""
+    record = {'schema': RECORD_SCHEMA, 'event': 'rogue_finding', 'run_id': run_id, 'host': host}
+    record.update(finding)
+    return record
+
+
+def syslog_message(finding):
+    brief = {'level': finding['level'], 'score': finding['score'], 'pid': finding['pid'], 'user': finding['user'],
+             'gpu_indexes': finding['gpu_indexes'], 'used_mib': finding['used_mib'], 'exe': finding['exe'],
+             'rules': [r['id'] for r in finding['rules']], 'allowlisted': bool(finding['allowlisted'])}
+    return 'gpufleet rogue finding: %s' % json.dumps(brief, sort_keys=True, separators=(',', ':'))
+
+
+def send_syslog(findings, facility_name):
+    import syslog  # pylint: disable=import-outside-toplevel
+    priorities = {'critical': syslog.LOG_CRIT, 'high': syslog.LOG_ERR, 'medium': syslog.LOG_WARNING, 'info': syslog.LOG_INFO}
+    facility = getattr(syslog, 'LOG_' + facility_name.upper())
+    syslog.openlog('gpufleet-audit', syslog.LOG_PID, facility)
+    try:
+        for finding in findings:
+            syslog.syslog(priorities[finding['level']], syslog_message(finding))
+    finally:
+        syslog.closelog()
+    return len(findings)
+
+
+def run(params, check_mode=False, snapshot=None):
+    """The module's work without AnsibleModule: returns (result, warnings)."""
+    validate(params)
+    config = rogue.load_config(rules_file=params['rules_file'], rules=params['rules'])
+    warnings = list(config.warnings)
+    if snapshot is None:
+        snapshot = take_snapshot(vendor=params['vendor'], gpus=params['gpus'], gather_processes=True)
+    findings, detect_warnings, evaluated = rogue.detect_snapshot(
+        snapshot, config=config, min_level=params['min_level'], history_path=params['history_path'],
+        allocation=params['require_allocation'])
+    warnings.extend(w for w in detect_warnings if w not in warnings)
+    warnings.extend(snapshot.errors)
+    report = None
+    if params['history']:
+        report = history.report(params['history_path'], hours=params['hours'], idle_util_pct=params['idle_util_pct'],
+                                top=params['top'])
+        warnings.extend(report.get('warnings') or [])
+    logged = {'log_path': 0, 'syslog': 0}
+    if not check_mode and findings:
+        if params['log_path']:
+            run_id = str(uuid.uuid4())
+            host = socket.gethostname()
+            for finding in findings:
+                audit_log.append(params['log_path'], log_record(finding, run_id, host))
+                logged['log_path'] += 1
+        if params['syslog']:
+            logged['syslog'] = send_syslog(findings, params['facility'])
+    summary = rogue.summarize(findings, evaluated)
+    counts = ', '.join('%d %s' % (summary[level], level) for level in reversed(rogue.LEVELS))
+    result = {
+        'changed': False,
+        'findings': findings,
+        'violations': [],
+        'summary': summary,
+        'report': report,
+        'logged': logged,
+        'msg': 'examined %d process(es): %s' % (evaluated, counts),
+    }
+    return result, warnings
+
+
+def main():
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    if not HAS_PSUTIL:
+        module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
+    try:
+        result, warnings = run(module.params, check_mode=module.check_mode)
+    except rogue.RulesError as exc:
+        module.fail_json(msg='invalid rogue rules: %s' % exc, file=exc.source, line=exc.line, field=exc.field)
+    except InvalidArgument as exc:
+        module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
+    except audit_log.AuditLogError as exc:
+        module.fail_json(msg=str(exc))
+    except GpuFleetError as exc:
+        module.fail_json(msg=str(exc))
+    except Exception as exc:  # pylint: disable=broad-except
+        module.fail_json(msg='gpu_audit failed: %s' % exc, exception=traceback.format_exc())
+    for warning in warnings:
+        module.warn(warning)
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,235 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""gpu_audit main(): findings on live processes this test starts, check mode, JSON Lines log, syslog,
+rules errors (file, line, field), the history report, and the gpu_kill rogue hook.
+
+The GPU side is a hand-built snapshot (the simulator is not needed: gpu_audit reads the driver only
+through take_snapshot, which is replaced here).  SAFETY: only processes started here are signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, history
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.model import Device, GpuProcess
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import ProcessInventory
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import Snapshot
+from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_audit, gpu_kill
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
+
+XMR = '45ASi45ub7Qe4ZE36UT5G6cU4ud8Fhhe4deS4F3cw9KTAb8dLcukC7edhDQ7cn5d4gEYkbUrMWeWQLGsCmrG6dLaYyNoVKf'
+SLEEP = 'import sys, time\nsys.stdout.write("ok\\n"); sys.stdout.flush()\ntime.sleep(120)\n'
+
+
+@pytest.fixture(autouse=True)
+def module_exits(monkeypatch):
+    h.patch_module_exits(monkeypatch)
+
+
+def run_module(args, check_mode=False):
+    return h.run_main(gpu_audit.main, args, check_mode=check_mode)
+
+
+@pytest.fixture
+def node(monkeypatch, tmp_path):
+    """A miner and a legitimate job (real processes) listed on GPU 0 of a hand-built snapshot."""
+    procs = []
+    for args in (['-o', 'stratum+tcp://pool.example.net:3333', '-u', XMR], ['train.py', '--epochs', '3']):
+        proc = subprocess.Popen([sys.executable, '-c', SLEEP] + args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == b'ok'
+    pids = [p.pid for p in procs]
+    dev = Device(vendor='nvidia', vendor_index=0, index=0, uuid='GPU-audit-0', memory_total_mib=81559, memory_used_mib=3072,
+                 utilization_pct=100, minor=0)
+    result = ProcessInventory(scan_fds=False).scan(pids)
+    gpu_procs = []
+    for pid, mib in zip(pids, (2048, 1024)):
+        dev.add_driver_process(pid, mib, 'compute')
+        gp = GpuProcess(pid=pid)
+        gp.add_gpu(0, mib, ['compute'])
+        gp.join(result.record(pid))
+        gpu_procs.append(gp)
+
+    def fake_snapshot(**_kwargs):
+        return Snapshot(backends={}, devices=[dev], all_devices=[dev], processes=list(gpu_procs), holders=[], taken_at=time.time())
+
+    monkeypatch.setattr(gpu_audit, 'take_snapshot', fake_snapshot)
+    yield {'miner': pids[0], 'legit': pids[1], 'snapshot': fake_snapshot, 'tmp': tmp_path,
+           'history': str(tmp_path / 'none.db')}
+    for proc in procs:
+        proc.kill()
+    for proc in procs:
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
+
+def base(node, **extra):
+    args = {'history_path': node['history'], 'require_allocation': 'never'}
+    args.update(extra)
+    return args
+
+
+def test_findings_on_a_live_node(node):
+    result = run_module(base(node))
+    assert not result.get('failed'), result
+    assert result['changed'] is False
+    assert result['violations'] == []
+    assert result['report'] is None
+    findings = dict((f['pid'], f) for f in result['findings'])
+    miner = findings[node['miner']]
+    assert miner['level'] == 'critical' and miner['score'] == 100
+    assert miner['gpu_indexes'] == [0] and miner['used_mib'] == 2048 and miner['user']
+    rules = dict((r['id'], r) for r in miner['rules'])
+    assert rules['H-stratum']['evidence'][0] == {'source': 'argv[4]', 'value': 'stratum+tcp://pool.example.net:3333', 'note': None}
+    assert rules['H-wallet']['evidence'][0]['note'] == 'monero address'
+    legit = findings.get(node['legit'])
+    assert legit is None or legit['level'] in ('info', 'medium')
+    assert result['summary']['critical'] == 1 and result['summary']['evaluated'] == 2
+    assert result['logged'] == {'log_path': 0, 'syslog': 0}
+    assert result['msg'].startswith('examined 2 process(es): 1 critical')
+
+
+def test_min_level(node):
+    result = run_module(base(node, min_level='critical'))
+    assert [f['pid'] for f in result['findings']] == [node['miner']]
+
+
+def test_log_path_json_lines(node):
+    log = str(node['tmp'] / 'log' / 'audit.jsonl')
+    result = run_module(base(node, log_path=log))
+    assert result['logged']['log_path'] == len(result['findings']) >= 1
+    with open(log) as handle:
+        records = [json.loads(line) for line in handle]
+    assert len(records) == len(result['findings'])
+    assert len(set(r['run_id'] for r in records)) == 1
+    first = records[0]
+    assert first['schema'] == 1 and first['event'] == 'rogue_finding' and first['host']
+    assert first['ts'].endswith('Z') and len(first['hash']) == 64 and first['prev_hash'] == '0' * 64
+    for key in ('pid', 'starttime', 'user', 'uid', 'name', 'exe', 'cmdline', 'gpu_indexes', 'used_mib', 'score', 'level', 'rules',
+                'points', 'suppressors', 'allowlisted', 'notes', 'container', 'slurm_job', 'listed', 'cmdline_truncated'):
+        assert key in first, key
+    assert audit_log.verify(log)['valid']
+    run_module(base(node, log_path=log))
+    assert audit_log.verify(log) == {'valid': True, 'lines': 2 * len(records), 'errors': []}
+
+
+def test_check_mode_writes_nothing(node, monkeypatch):
+    log = str(node['tmp'] / 'audit.jsonl')
+    sent = []
+    monkeypatch.setattr(gpu_audit, 'send_syslog', lambda findings, facility: sent.append(findings) or len(findings))
+    result = run_module(base(node, log_path=log, syslog=True), check_mode=True)
+    assert result['findings'] and result['changed'] is False
+    assert not os.path.exists(log) and sent == []
+    assert result['logged'] == {'log_path': 0, 'syslog': 0}
+
+
+def test_syslog(node, monkeypatch):
+    calls = []
+
+    class FakeSyslog(object):
+        LOG_PID = 1
+        LOG_CRIT, LOG_ERR, LOG_WARNING, LOG_INFO = 2, 3, 4, 6
+        LOG_DAEMON = 24
+
+        @staticmethod
+        def openlog(ident, option, facility):
+            calls.append(('open', ident, option, facility))
+
+        @staticmethod
+        def syslog(priority, message):
+            calls.append(('msg', priority, message))
+
+        @staticmethod
+        def closelog():
+            calls.append(('close',))
+
+    monkeypatch.setitem(sys.modules, 'syslog', FakeSyslog)
+    result = run_module(base(node, syslog=True, facility='daemon', min_level='critical'))
+    assert result['logged']['syslog'] == 1
+    assert calls[0] == ('open', 'gpufleet-audit', 1, 24) and calls[-1] == ('close',)
+    _kind, priority, message = calls[1]
+    assert priority == FakeSyslog.LOG_CRIT
+    brief = json.loads(message.split(': ', 1)[1])
+    assert brief['pid'] == node['miner'] and 'H-stratum' in brief['rules'] and brief['level'] == 'critical'
+
+
+def test_rules_file_error_names_file_line_field(node):
+    path = node['tmp'] / 'rogue.yml'
+    path.write_text('version: 1\nallowlist:\n  - user: bob\n    cmdline: "(unclosed"\n')
+    result = run_module(base(node, rules_file=str(path)))
+    assert result['failed']
+    assert (result['file'], result['line'], result['field']) == (str(path), 4, 'allowlist[0].cmdline')
+    assert result['msg'].startswith('invalid rogue rules: %s:4: allowlist[0].cmdline: bad regular expression' % path)
+    path.write_text('rules:\n  - id: x\n    kind: hard\n    weight: 101\n    description: d\n    match: {cmdline: a}\n')
+    result = run_module(base(node, rules_file=str(path)))
+    assert (result['line'], result['field']) == (4, 'rules[0].weight') and 'out of range' in result['msg']
+    path.write_text('allow: []\n')
+    assert run_module(base(node, rules_file=str(path)))['field'] == 'allow'
+
+
+def test_inline_allowlist_and_expired_warning(node):
+    rules = {'allowlist': [{'user': pwd_name(node['miner']), 'cmdline': 'stratum', 'comment': 'lab'},
+                           {'user': 'x', 'cmdline': 'y', 'expires': '2020-01-01'}]}
+    result = run_module(base(node, rules=rules))
+    miner = [f for f in result['findings'] if f['pid'] == node['miner']][0]
+    assert miner['level'] == 'info' and miner['allowlisted']['comment'] == 'lab'
+    assert result['summary']['allowlisted'] == 1 and result['summary']['critical'] == 0
+
+
+def pwd_name(pid):
+    import pwd  # pylint: disable=import-outside-toplevel
+    return pwd.getpwuid(os.stat('/proc/%d' % pid).st_uid).pw_name
+
+
+def test_history_report(node):
+    missing = run_module(base(node, history=True))
+    assert missing['report']['available'] is False
+    db = str(node['tmp'] / 'history.db')
+    snap = node['snapshot']()
+    now = time.time()
+    for minute in range(10, -1, -1):
+        history.record_samples(db, snap, now=now - 60 * minute, interval_s=60)
+    result = run_module(base(node, history=True, history_path=db, hours=1))
+    report = result['report']
+    assert report['available'] is True and report['samples'] == 11 and report['hours'] == 1.0
+    users = dict((u['user'], u) for u in report['users'])
+    user = pwd_name(node['miner'])
+    assert users[user]['gpu_hours'] == round(11 / 60.0, 4)       # both processes share GPU 0
+    assert users[user]['peak_mib'] == 3072
+    assert [p['pid'] for p in report['top_processes']] == sorted([node['miner'], node['legit']])
+    assert report['gpus'][0]['gpu_index'] == 0
+
+
+@pytest.mark.parametrize('args,field', [({'hours': 0}, 'hours'), ({'top': 0}, 'top'), ({'idle_util_pct': 101}, 'idle_util_pct')])
+def test_invalid_options(node, args, field):
+    result = run_module(base(node, **args))
+    assert result['failed'] and result['field'] == field
+
+
+def test_documentation_matches_the_argument_spec():
+    doc = yaml.safe_load(gpu_audit.DOCUMENTATION)
+    spec = gpu_audit.argument_spec()
+    assert set(doc['options']) == set(spec)
+    for name, option in doc['options'].items():
+        assert option.get('default') == spec[name].get('default'), name
+        assert option['type'] == spec[name]['type'], name
+    assert 'policy' not in spec
+    returned = yaml.safe_load(gpu_audit.RETURN)
+    assert {'findings', 'violations', 'summary', 'report', 'logged', 'msg'} <= set(returned)
+
+
+def test_gpu_kill_rogue_has_a_detector():
+    module_args = dict((name, spec.get('default')) for name, spec in gpu_kill.argument_spec().items())
+    module_args['rogue'] = True
+    selector, _options = gpu_kill.build(module_args)
+    assert selector.rogue and callable(selector.rogue_detector)
