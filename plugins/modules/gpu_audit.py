@@ -41,6 +41,7 @@ requirements:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpufleet.reclaim._attributes
+  - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
 attributes:
   check_mode:
     support: full
