@@ -12,19 +12,22 @@ module: gpu_facts
 short_description: Gather facts about GPUs, the processes using them and other holders of GPU device files
 version_added: 0.1.0
 description:
-  - Reads every GPU of the host through its vendor library (NVML for NVIDIA, amdsmi for AMD) in one pass and
-    returns them as RV(ansible_facts.gpu), together with the processes the driver lists on them, joined with the
-    host's process table (user, command line, container, Slurm job), and the processes that hold GPU device files
-    open without being listed by the driver.
+  - Reads every GPU of the host through its vendor's interface (NVML for NVIDIA; amdsmi for AMD, else the amdgpu
+    driver's sysfs and DRM fdinfo; sysfs and DRM fdinfo for Intel i915/xe, plus xpu-smi where installed; ioreg for
+    Apple Silicon) in one pass and returns them as RV(ansible_facts.gpu), together with the processes the driver lists
+    on them, joined with the host's process table (user, command line, container, Slurm job), and the processes that
+    hold GPU device files open without being listed by the driver.
   - A vendor whose library is missing is not an error; RV(ansible_facts.gpu.backends) says why it is unavailable.
     A host without any GPU succeeds with empty lists unless O(fail_on_no_gpu=true).
-  - Values the driver cannot tell are V(null), never V(0).
+  - Values the driver cannot tell are V(null), never V(0). Every vendor returns the same keys; what each vendor
+    cannot tell (for example used memory on Intel without xpu-smi, or per-process memory on Apple Silicon) is listed
+    in the collection's C(docs/vendors.md).
 author:
   - gpufleet.reclaim developers (!UNKNOWN)
 requirements:
   - psutil
   - nvidia-ml-py (for NVIDIA GPUs; without it the C(nvidia) backend reports itself unavailable)
-  - amdsmi (for AMD GPUs; the Python library of the installed ROCm release)
+  - amdsmi (for AMD GPUs; the Python library of the installed ROCm release; without it the amdgpu driver's sysfs is read)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
@@ -40,7 +43,7 @@ options:
     description:
       - Which vendor library to read.
       - V(auto) reads every vendor whose library loads on the host.
-      - V(intel) and V(apple) are not implemented yet and always report the backend unavailable.
+      - V(intel) reads GPUs driven by the i915 or xe kernel driver; V(apple) reads Apple Silicon GPUs on macOS.
     type: str
     default: auto
     choices: [auto, nvidia, amd, intel, apple]
@@ -68,6 +71,9 @@ options:
 notes:
   - Run as root (C(become=true)) to see the processes and open files of other users; without privileges the
     driver may refuse the process lists, which is reported in the device's RV(ansible_facts.gpu.devices[].health.reasons).
+    Intel and library-free AMD process lists come from other processes' DRM fdinfo, which only root can read.
+  - Per-process utilization on AMD, Intel and Apple GPUs is measured between two readings a quarter of a second apart,
+    so the first read of a task takes that much longer.
   - The NVIDIA driver reports process ids of the host's PID namespace. A listed process that is not visible here
     (the module runs in a container) has RV(ansible_facts.gpu.processes[].status=not_found).
 seealso:
@@ -138,7 +144,7 @@ ansible_facts:
           sample:
             nvidia: {available: true, version: 550.54.15, error: null}
             amd: {available: false, version: null, error: amdsmi (the ROCm AMD SMI Python library) is not installed}
-            intel: {available: false, version: null, error: Intel GPU support is not implemented yet}
+            intel: {available: false, version: null, error: no Intel GPU driven by the i915 or xe kernel driver was found}
             apple: {available: false, version: null, error: Apple GPUs exist only on macOS hosts (this host is linux)}
         devices:
           description: The GPUs (those selected by O(gpus)), in host-wide index order.
@@ -148,7 +154,7 @@ ansible_facts:
           contains:
             index:
               description:
-                - Host-wide index, the position across vendors (NVIDIA first, then AMD).
+                - Host-wide index, the position across vendors (NVIDIA first, then AMD, Intel, Apple).
                 - Equals the C(nvidia-smi) index on hosts with NVIDIA GPUs only.
               type: int
               returned: always
@@ -164,7 +170,9 @@ ansible_facts:
               returned: always
               sample: 0
             uuid:
-              description: UUID of the GPU, V(null) when it cannot be read (for example a lost GPU).
+              description:
+                - UUID of the GPU, V(null) when it cannot be read (a lost GPU, an Intel GPU without xpu-smi, an AMD GPU
+                  read without amdsmi, an Apple GPU).
               type: str
               returned: always
               sample: GPU-6f7c1b2e-0d4a-4e1b-9a43-2c1f0e5d7a11
@@ -174,12 +182,12 @@ ansible_facts:
               returned: always
               sample: NVIDIA A100-SXM4-80GB
             pci_bus_id:
-              description: PCI bus id as the vendor library formats it.
+              description: PCI bus id as the vendor library formats it (V(null) on Apple Silicon).
               type: str
               returned: always
               sample: 00000000:07:00.0
             memory_total_mib:
-              description: Total memory in MiB.
+              description: Total memory in MiB; V(null) when the driver does not publish it (Apple Silicon's unified memory, integrated Intel GPUs).
               type: int
               returned: always
               sample: 81559
@@ -187,6 +195,7 @@ ansible_facts:
               description:
                 - Used memory in MiB, excluding memory the driver reserves for itself when the driver reports it
                   separately (NVIDIA drivers 510 and later), as C(nvidia-smi) shows it.
+                - V(null) when the driver does not publish it (mainline Intel drivers without xpu-smi).
               type: int
               returned: always
               sample: 30720

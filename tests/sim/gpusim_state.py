@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import time
 
@@ -341,7 +342,7 @@ def default_seed(path):
 
 
 def new_state(gpus=4, vendor='nvidia', model=None, mem_mib=None, driver='r550', release_delay_ms=0,
-              dev_dir='/dev', seed='gpusim', reserved_mib=0):
+              dev_dir='/dev', seed='gpusim', reserved_mib=0, drm_root=None, intel_driver='xe'):
     if vendor not in VENDOR_DEFAULTS:
         raise StateError('unknown vendor %r (nvidia, amd or intel)' % (vendor,))
     if driver not in DRIVERS:
@@ -377,7 +378,7 @@ def new_state(gpus=4, vendor='nvidia', model=None, mem_mib=None, driver='r550', 
             'drain': False,
             'reset_count': 0,
         })
-    return {
+    state = {
         'schema': SCHEMA,
         'vendor': vendor,
         'driver': driver,
@@ -389,6 +390,13 @@ def new_state(gpus=4, vendor='nvidia', model=None, mem_mib=None, driver='r550', 
         'gpus': devices,
         'processes': [],
     }
+    if vendor == 'intel':
+        if intel_driver not in INTEL_DRIVERS:
+            raise StateError('unknown Intel driver %r (%s)' % (intel_driver, ', '.join(INTEL_DRIVERS)))
+        # extra keys of Intel nodes (readers of other vendors ignore them): the fake DRM tree
+        state['intel_driver'] = intel_driver
+        state['drm_root'] = drm_root
+    return state
 
 
 def device_paths(state, gpu):
@@ -425,3 +433,222 @@ def apply_reset(state, gpu):
     gpu['mem_util_pct'] = 0
     gpu['reset_count'] = int(gpu.get('reset_count') or 0) + 1
     state['processes'] = [e for e in state.get('processes', []) if e.get('gpu') != gpu.get('index')]
+
+
+# ---------------------------------------------------------------------------
+# Intel nodes: a fake sysfs and /proc/PID/fdinfo tree (the DRM client usage stats of the i915 and
+# xe drivers), read by the collection's Intel backend through its test seam $_GPUFLEET_DRM_ROOT.
+#
+#   <drm_root>/sys/class/drm/card<minor>/device -> ../../../bus/pci/devices/<bdf>
+#   <drm_root>/sys/class/drm/renderD<128+minor>/device -> same
+#   <drm_root>/sys/bus/pci/devices/<bdf>/{vendor,device,class,driver->../../drivers/<drv>,
+#                                         tile<N>/physical_vram_size_bytes (xe),
+#                                         hwmon/hwmon<minor>/{name,temp1_input,power1_max,energy1_input}}
+#   <drm_root>/proc/sys/kernel/osrelease, <drm_root>/usr/share/misc/pci.ids
+#   <drm_root>/proc/<pid>/fd -> /proc/<pid>/fd (the real fds: a dead pid's link dangles)
+#   <drm_root>/proc/<pid>/stat -> /proc/<pid>/stat
+#   <drm_root>/proc/<pid>/fdinfo/<fd>   for the fd on which the real process holds its render node
+#
+# The fdinfo is rewritten whenever gpusim runs; between runs it is static, so engine counters do
+# not advance (utilization read from two samples is 0 on i915 and unknown on xe).
+
+DRM_ROOT_ENV = '_GPUFLEET_DRM_ROOT'
+INTEL_DRIVERS = ('xe', 'i915')
+# product name (lower case substring) -> PCI device id
+INTEL_DEVICE_IDS = (('max 1550', '0x0bd5'), ('max 1100', '0x0bda'), ('flex 170', '0x56c0'), ('arc(tm) a770', '0x56a0'),
+                    ('a770', '0x56a0'))
+DEFAULT_INTEL_DEVICE_ID = '0x0bd5'
+_INTEL_TILE_MIB = 65536
+
+
+def default_drm_root(path):
+    """Where an Intel node's fake sysfs/proc tree lives: next to the state file."""
+    return os.path.splitext(os.path.abspath(path))[0] + '-drm'
+
+
+def sysfs_bdf(gpu):
+    dom, bus, dev, fn = _norm_bus_id(gpu.get('pci_bus_id', '0:0.0')) or (0, 0, 0, 0)
+    return '%04x:%02x:%02x.%x' % (dom & 0xFFFF, bus, dev, fn)
+
+
+def intel_device_id(name):
+    low = str(name or '').lower()
+    for needle, device_id in INTEL_DEVICE_IDS:
+        if needle in low:
+            return device_id
+    return DEFAULT_INTEL_DEVICE_ID
+
+
+def _put(path, text):
+    """Write a small file atomically (tmp + rename), creating its directory."""
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)
+    tmp = '%s.tmp.%d' % (path, os.getpid())
+    with open(tmp, 'w') as handle:
+        handle.write(text)
+    os.rename(tmp, path)
+
+
+def _link(target, path):
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)
+    try:
+        if os.readlink(path) == target:
+            return
+        os.unlink(path)
+    except OSError:
+        pass
+    os.symlink(target, path)
+
+
+def _write_intel_sysfs(state, root):
+    driver = state.get('intel_driver') or 'xe'
+    sys_root = os.path.join(root, 'sys')
+    os.makedirs(os.path.join(sys_root, 'bus', 'pci', 'drivers', driver), exist_ok=True)
+    os.makedirs(os.path.join(sys_root, 'module', driver), exist_ok=True)
+    names = {}
+    for gpu in state.get('gpus', []):
+        bdf = sysfs_bdf(gpu)
+        minor = gpu.get('minor', gpu.get('index', 0))
+        device_id = intel_device_id(gpu.get('name'))
+        names[device_id] = re.sub(r'^Intel(?:\(R\))?\s+', '', str(gpu.get('name') or 'GPU'))
+        dev = os.path.join(sys_root, 'bus', 'pci', 'devices', bdf)
+        _put(os.path.join(dev, 'vendor'), '0x8086\n')
+        _put(os.path.join(dev, 'device'), device_id + '\n')
+        _put(os.path.join(dev, 'class'), '0x038000\n')
+        _link('../../drivers/%s' % driver, os.path.join(dev, 'driver'))
+        total = int(gpu.get('memory_total_mib') or 0)
+        if driver == 'xe':
+            tiles = max(1, -(-total // _INTEL_TILE_MIB))
+            for tile in range(tiles):
+                size = min(_INTEL_TILE_MIB, total - tile * _INTEL_TILE_MIB)
+                _put(os.path.join(dev, 'tile%d' % tile, 'physical_vram_size_bytes'), '%d\n' % (size * 1048576))
+        hwmon = os.path.join(dev, 'hwmon', 'hwmon%d' % minor)
+        _put(os.path.join(hwmon, 'name'), driver + '\n')
+        _put(os.path.join(hwmon, 'temp1_input'), '%d\n' % (int(gpu.get('temp_c') or 0) * 1000))
+        _put(os.path.join(hwmon, 'power1_max'), '%d\n' % int(round(float(gpu.get('power_limit_w') or 0) * 1e6)))
+        _put(os.path.join(hwmon, 'energy1_input'), '%d\n' % int(round(float(gpu.get('power_w') or 0) * 1e6 * 1000)))
+        for name in ('card%d' % minor, 'renderD%d' % (128 + minor)):
+            _link('../../../bus/pci/devices/%s' % bdf, os.path.join(sys_root, 'class', 'drm', name, 'device'))
+    _put(os.path.join(root, 'proc', 'sys', 'kernel', 'osrelease'), os.uname()[2] + '\n')
+    ids = ['# pci.ids of a gpusim Intel node', '8086  Intel Corporation']
+    ids += ['\t%s  %s' % (device_id.replace('0x', ''), name) for device_id, name in sorted(names.items())]
+    _put(os.path.join(root, 'usr', 'share', 'misc', 'pci.ids'), '\n'.join(ids) + '\n')
+
+
+def _started_at(start_ticks, now):
+    """Epoch seconds of a /proc starttime (clock ticks after boot); ``now`` when unknown."""
+    if start_ticks is None:
+        return now
+    try:
+        with open('/proc/stat') as handle:
+            boot = next(float(line.split()[1]) for line in handle if line.startswith('btime '))
+        ticks = os.sysconf('SC_CLK_TCK')
+    except (OSError, ValueError, StopIteration):
+        return now
+    return boot + float(start_ticks) / ticks
+
+
+def _render_fd(pid, device):
+    """The fd number on which ``pid`` holds ``device`` open, or None."""
+    base = '/proc/%d/fd' % pid
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return None
+    for fd in sorted(fds, key=int):
+        try:
+            if os.readlink(os.path.join(base, fd)) == device:
+                return fd
+        except OSError:
+            continue
+    return None
+
+
+def intel_fdinfo(state, gpu, entry, now=None):
+    """The fdinfo text of an entry's DRM client, as the i915 or xe driver prints it."""
+    driver = state.get('intel_driver') or 'xe'
+    if now is None:
+        now = time.time()
+    used = entry.get('used_mib')
+    util = float(entry.get('util_pct') or 0) / 100.0
+    age_ns = int(max(0.0, now - _started_at(entry.get('starttime'), now)) * 1e9)
+    lines = ['pos:\t0', 'flags:\t02100002', 'mnt_id:\t26', 'ino:\t%d' % (1000 + int(gpu.get('minor', 0))),
+             'drm-driver:\t%s' % driver, 'drm-client-id:\t%d' % entry['pid'], 'drm-pdev:\t%s' % sysfs_bdf(gpu)]
+    if driver == 'xe':
+        if used is not None:
+            for region, value in (('system', '0'), ('gtt', '192 KiB'), ('vram0', '%d MiB' % used)):
+                lines += ['drm-total-%s:\t%s' % (region, value), 'drm-shared-%s:\t0' % region,
+                          'drm-active-%s:\t0' % region, 'drm-resident-%s:\t%s' % (region, value)]
+                if region == 'system':
+                    lines.append('drm-purgeable-system:\t0')
+        total_cycles = 7655183225 + age_ns // 10
+        lines += ['drm-cycles-rcs:\t0', 'drm-total-cycles-rcs:\t%d' % total_cycles,
+                  'drm-cycles-ccs:\t%d' % int(age_ns // 10 * util * 4), 'drm-total-cycles-ccs:\t%d' % total_cycles,
+                  'drm-engine-capacity-ccs:\t4']
+    else:
+        if used is not None:
+            for region, value in (('system0', '4 MiB'), ('local0', '%d MiB' % used)):
+                lines += ['drm-total-%s:\t%s' % (region, value), 'drm-shared-%s:\t0' % region,
+                          'drm-active-%s:\t0' % region, 'drm-resident-%s:\t%s' % (region, value),
+                          'drm-purgeable-%s:\t0' % region]
+        lines += ['drm-engine-render:\t%d ns' % int(age_ns * util), 'drm-engine-copy:\t0 ns',
+                  'drm-engine-video:\t0 ns', 'drm-engine-capacity-video:\t2', 'drm-engine-video-enhance:\t0 ns']
+    return '\n'.join(lines) + '\n'
+
+
+def _sync_intel_clients(state, root, now=None):
+    proc_root = os.path.join(root, 'proc')
+    wanted = {}
+    for entry in state.get('processes', []):
+        gpu = gpu_by_index(state, entry.get('gpu'))
+        if gpu is None:
+            continue
+        devices = device_paths(state, gpu)
+        pids = []
+        if entry_listed(entry):
+            pids.append(entry['pid'])
+        pids += children_alive(entry)
+        for pid in pids:
+            fd = _render_fd(pid, devices[0])
+            if fd is not None:
+                wanted[pid] = (fd, intel_fdinfo(state, gpu, entry, now))
+    try:
+        present = [name for name in os.listdir(proc_root) if name.isdigit()]
+    except OSError:
+        present = []
+    for name in present:
+        if int(name) not in wanted:
+            shutil.rmtree(os.path.join(proc_root, name), ignore_errors=True)
+    for pid, (fd, text) in wanted.items():
+        base = os.path.join(proc_root, str(pid))
+        _link('/proc/%d/fd' % pid, os.path.join(base, 'fd'))
+        _link('/proc/%d/stat' % pid, os.path.join(base, 'stat'))
+        fdinfo = os.path.join(base, 'fdinfo')
+        if os.path.isdir(fdinfo):
+            for old in os.listdir(fdinfo):
+                if old != fd:
+                    os.unlink(os.path.join(fdinfo, old))
+        _put(os.path.join(fdinfo, fd), text)
+
+
+DRM_MARKER = '.gpusim-drm-tree'
+
+
+def sync_drm_tree(state, now=None, fresh=False):
+    """Bring an Intel node's fake sysfs/fdinfo tree in line with the state (no-op for other vendors).
+
+    ``fresh``: first remove a tree a previous ``init`` left (only one carrying gpusim's marker).
+    """
+    root = state.get('drm_root')
+    if state.get('vendor') != 'intel' or not root:
+        return
+    if fresh and os.path.exists(os.path.join(root, DRM_MARKER)):
+        shutil.rmtree(root, ignore_errors=True)
+    if os.path.isdir(root) and os.listdir(root) and not os.path.exists(os.path.join(root, DRM_MARKER)):
+        raise StateError('%s exists and was not made by gpusim: choose another --drm-root' % root)
+    _put(os.path.join(root, DRM_MARKER), 'fake sysfs/proc tree of a gpusim Intel node; gpusim init replaces it\n')
+    _write_intel_sysfs(state, root)
+    _sync_intel_clients(state, root, now)

@@ -68,6 +68,7 @@ fi
 mesg n 2> /dev/null || true
 '''
 
+VENDORS = ('nvidia', 'amd', 'intel')
 PORT_RANGE = (20000, 32700)  # below the kernel's ephemeral range (32768-60999 by default)
 MARKER = '.gpufleet-fleet'
 SCHEMA = 1
@@ -401,6 +402,10 @@ def node_env(python, gpusim_init, probe_dir):
                 env[key] = value
         for key in ('PWD', 'OLDPWD', 'SHLVL', '_'):
             env.pop(key, None)
+        # paths gpusim derived from the probe's state (an Intel node's fake DRM tree) -> the node's
+        for key, value in list(env.items()):
+            if value.startswith(probe_dir + os.sep):
+                env[key] = os.path.join(os.path.dirname(GPU_SIM_STATE), value[len(probe_dir) + 1:])
         env['GPU_SIM_STATE'] = GPU_SIM_STATE  # the node's private state file
     else:
         env = dict(base)
@@ -499,6 +504,9 @@ class Node:
         self.attempts = 0
         self.log_offset = 0
         self.ready = False
+        self.vendor = None       # this node's GPU vendor, its environment and gpusim init command
+        self.env = None
+        self.gpusim_init = None
 
     def record(self):
         return {
@@ -513,11 +521,13 @@ class Fleet:
     """Brings up a fleet (see `up`)."""
 
     def __init__(self, fleet_dir, nodes, gpus=4, vendor='nvidia', init_args=(), python=None,
-                 timeout=None, use_gpusim=True, quiet=False):
+                 timeout=None, use_gpusim=True, quiet=False, vendors=None):
         self.dir = os.path.abspath(fleet_dir)
         self.count = nodes
         self.gpus = gpus
         self.vendor = vendor
+        # per-node vendors (node i gets vendors[i % len]); None: every node is `vendor`
+        self.vendors = list(vendors) if vendors else None
         self.init_args = list(init_args)
         self.python_req = python
         self.timeout = timeout if timeout else 30.0 + 1.5 * nodes
@@ -548,8 +558,10 @@ class Fleet:
         if not shutil.which('unshare'):
             raise FleetError('unshare (util-linux) not found')
         self.python = find_python(self.python_req)
+        if self.vendors and any(v not in VENDORS for v in self.vendors):
+            raise FleetError('--vendors: each vendor must be one of %s, got %s' % (', '.join(VENDORS), ','.join(self.vendors)))
         if self.use_gpusim:
-            self.gpusim_init = [GPUSIM, 'init', '--gpus', str(self.gpus), '--vendor', self.vendor] + self.init_args
+            self.gpusim_init = self._gpusim_init(self.vendor)
         os.makedirs(self.dir, exist_ok=True)
         # An old fleet in DIR goes down first (by its recorded host pids).
         down(self.dir, quiet=self.quiet)
@@ -564,12 +576,20 @@ class Fleet:
         os.makedirs(nodes_root)
         _write(os.path.join(nodes_root, MARKER), 'made by tests/fleet/up; removed by the next up\n')
         self.env = node_env(self.python, self.gpusim_init, os.path.join(nodes_root, '.env-probe'))
+        envs = {self.vendor: self.env}
+        for vendor in self.vendors or ():
+            if vendor not in envs:
+                envs[vendor] = node_env(self.python, self._gpusim_init(vendor), os.path.join(nodes_root, '.env-probe'))
         # Mount points on the host: created only when absent, empty, never mounted on in the host ns.
         for path in PRIVATE_DIRS:
             if not os.path.isdir(path):
                 os.makedirs(path, 0o755, exist_ok=True)
         width = max(2, len(str(self.count)))
         self.nodes = [Node(self.dir, i + 1, width) for i in range(self.count)]
+        for i, node in enumerate(self.nodes):
+            node.vendor = self.vendors[i % len(self.vendors)] if self.vendors else self.vendor
+            node.env = envs[node.vendor]
+            node.gpusim_init = self._gpusim_init(node.vendor) if self.use_gpusim else None
         keys = [(os.path.join(self.dir, 'id_ed25519'), 'gpufleet-controller')]
         for node in self.nodes:
             os.makedirs(node.dir)
@@ -579,6 +599,9 @@ class Fleet:
         shutil.copyfile(os.path.join(self.dir, 'id_ed25519.pub'), os.path.join(self.dir, 'authorized_keys'))
         for node in self.nodes:
             self._prepare_node(node)
+
+    def _gpusim_init(self, vendor):
+        return [GPUSIM, 'init', '--gpus', str(self.gpus), '--vendor', vendor] + self.init_args if self.use_gpusim else None
 
     def _prepare_node(self, node):
         private_dirs = []
@@ -592,7 +615,7 @@ class Fleet:
                 full = os.path.join('/etc/profile.d', name)
                 if os.path.isfile(full):
                     shutil.copy2(full, profile_d)
-        exports = ''.join('export %s=%s\n' % (k, shlex.quote(v)) for k, v in sorted(self.env.items()) if k not in ('HOME',))
+        exports = ''.join('export %s=%s\n' % (k, shlex.quote(v)) for k, v in sorted(node.env.items()) if k not in ('HOME',))
         _write(os.path.join(profile_d, 'zz-gpusim.sh'), '# simulated GPUs of this fleet node (tests/fleet/up)\n' + exports)
         private_files = []
         for path in PRIVATE_FILES:
@@ -613,7 +636,7 @@ class Fleet:
             else:
                 _write(src, '', 0o664)
             private_files.append((path, src))
-        dev_files, dev_dirs = dev_layout(self.vendor, self.gpus)
+        dev_files, dev_dirs = dev_layout(node.vendor, self.gpus)
         readonly = [REPO]
         prefix = _venv_prefix(self.python)
         if prefix:
@@ -628,14 +651,14 @@ class Fleet:
             'dev_files': dev_files,
             'dev_dirs': dev_dirs,
             'readonly': readonly,
-            'env': self.env,
-            'gpusim_init': self.gpusim_init,
+            'env': node.env,
+            'gpusim_init': node.gpusim_init,
             'sshd_config': os.path.join(node.dir, 'sshd_config'),
         }
         _write(os.path.join(node.dir, 'setup.json'), json.dumps(setup, indent=1) + '\n')
 
     def _write_sshd_config(self, node):
-        setenv = ' '.join('"%s=%s"' % (k, v) for k, v in sorted(self.env.items()) if k != 'HOME')
+        setenv = ' '.join('"%s=%s"' % (k, v) for k, v in sorted(node.env.items()) if k != 'HOME')
         text = '\n'.join([
             '# generated by tests/fleet/up for %s: do not edit' % node.name,
             'ListenAddress 127.0.0.1:%d' % node.port,
@@ -677,7 +700,7 @@ class Fleet:
         with open(os.path.join(node.dir, 'node.log'), 'ab') as logf:
             node.log_offset = logf.tell()
             node.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                         close_fds=True, start_new_session=True, env=self.env, cwd='/')
+                                         close_fds=True, start_new_session=True, env=node.env, cwd='/')
         node.unshare_pid = node.proc.pid
         stat = proc_stat(node.proc.pid)
         node.unshare_starttime = stat[2] if stat else None
@@ -685,6 +708,7 @@ class Fleet:
     def save_state(self, status):
         state = {
             'schema': SCHEMA, 'status': status, 'dir': self.dir, 'gpus': self.gpus, 'vendor': self.vendor,
+            'vendors': [n.vendor for n in self.nodes],
             'python': self.python, 'created': time.time(), 'nodes': [n.record() for n in self.nodes if n.unshare_pid],
         }
         _write(os.path.join(self.dir, 'nodes.json'), json.dumps(state, indent=1) + '\n')
@@ -812,7 +836,10 @@ class Fleet:
         inv = ['# generated by tests/fleet/up: %d simulated nodes (down: tests/fleet/down --dir %s)' % (len(self.nodes), self.dir),
                '[gpu_nodes]']
         for node in self.nodes:
-            inv.append('%s ansible_host=127.0.0.1 ansible_port=%d ansible_user=root' % (node.name, node.port))
+            line = '%s ansible_host=127.0.0.1 ansible_port=%d ansible_user=root' % (node.name, node.port)
+            if self.vendors:
+                line += ' gpusim_vendor=%s' % node.vendor  # mixed fleets say which vendor each node has
+            inv.append(line)
         inv += [
             '',
             '[gpu_nodes:vars]',
@@ -858,7 +885,9 @@ def main_up(argv=None):
     parser.add_argument('--nodes', type=int, required=True, help='number of nodes (node01, node02, ...)')
     parser.add_argument('--dir', required=True, help='fleet directory: inventory.ini, ssh_config, known_hosts, keys, nodes/')
     parser.add_argument('--gpus', type=int, default=4, help='simulated GPUs per node (default 4)')
-    parser.add_argument('--vendor', choices=('nvidia', 'amd', 'intel'), default='nvidia', help='passed to gpusim init; picks the /dev files')
+    parser.add_argument('--vendor', choices=VENDORS, default='nvidia', help='passed to gpusim init; picks the /dev files')
+    parser.add_argument('--vendors', type=lambda text: [v.strip() for v in text.split(',') if v.strip()], metavar='V1,V2,...',
+                        help='per-node vendors, cycled over the nodes (node01 gets V1, node02 V2, ...); overrides --vendor')
     parser.add_argument('--init-arg', action='append', default=[], metavar='ARG', help='extra argument for gpusim init (repeatable)')
     parser.add_argument('--python', help='interpreter for ansible_python_interpreter (needs psutil, pyyaml, nvidia-ml-py)')
     parser.add_argument('--timeout', type=float, help='seconds to wait for all nodes (default 30 + 1.5 per node)')
@@ -867,7 +896,7 @@ def main_up(argv=None):
     args = parser.parse_args(argv)
     try:
         up(args.dir, args.nodes, gpus=args.gpus, vendor=args.vendor, init_args=args.init_arg, python=args.python,
-           timeout=args.timeout, use_gpusim=not args.no_gpusim, quiet=args.quiet)
+           timeout=args.timeout, use_gpusim=not args.no_gpusim, quiet=args.quiet, vendors=args.vendors)
     except FleetError as exc:
         say('fleet up: error: %s' % exc)
         return 1

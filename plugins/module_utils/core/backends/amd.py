@@ -3,28 +3,48 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 # This file is part of the PRIVATE core of the gpufleet.reclaim collection. It can change at any time.
-"""AMD backend over the ``amdsmi`` Python library (ROCm's libamd_smi.so).  Minimal on purpose.
+"""AMD backend: the ``amdsmi`` Python library (ROCm's libamd_smi.so), else the amdgpu driver's sysfs and fdinfo.
 
 ``import amdsmi`` raises KeyError or OSError (and prints to stdout) when libamd_smi.so cannot be
 loaded, so the import is lazy, catches every exception and swallows what it prints: a module's
-stdout must stay pure JSON.  amdsmi reports VRAM in "MB" computed as bytes / (1024 * 1024),
-which are MiB: no conversion.  Health only looks at uncorrectable ECC counts.
+stdout must stay pure JSON.
+
+With amdsmi: BDF, UUID, market name, VRAM total/used (amdsmi's "MB" are bytes / 2**20, i.e.
+MiB: no conversion), gfx activity, edge (else hotspot/junction) temperature, socket power and the
+power limit (micro-watts in many releases), ECC counts for health; per process
+(``amdsmi_get_gpu_process_list``): pid, name, VRAM and GTT bytes, and engine busy time in ns,
+turned into a utilization between two readings ``SAMPLE_INTERVAL_S`` apart.  A GPU whose VRAM
+query answers a "gone" status (UNEXPECTED_DATA, NOT_FOUND, IO, ...) is reported lost.
+
+Without a usable amdsmi but with the amdgpu driver loaded: ``/sys/class/drm/card*/device``
+(``mem_info_vram_total``/``_used`` in bytes, ``gpu_busy_percent``, ``product_name``, hwmon
+temperature and power) and per-process VRAM/GTT and engine time from DRM fdinfo (drm_fdinfo.py).
+No UUID and no ECC counts on that path: ``None``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
+import time
 import traceback
 
+from .. import drm_fdinfo as drm
 from ..model import BackendStatus, Device, bytes_to_mib
-from .base import Backend, error_text
+from .base import Backend, error_text, pci_bdf, read_device
 
 NOT_INSTALLED = 'amdsmi (the ROCm AMD SMI Python library) is not installed'
+AMD_PCI_VENDOR = '0x1002'
 
 _AMDSMI = {}
 # No GPU has a 100 kW power limit: a larger figure is in microwatts.
 MICROWATT_THRESHOLD = 100000
+# amdsmi statuses that mean the GPU stopped answering (AMD has no "GPU is lost" code): DRM_ERROR,
+# IO, FILE_ERROR, NOT_FOUND, NO_DATA, UNEXPECTED_DATA.
+LOST_STATUSES = (6, 12, 14, 31, 40, 43)
+_NOT_SUPPORTED = 2
+_NO_PERM = 10
 
 
 def import_amdsmi():
@@ -74,36 +94,122 @@ def _watts(value):
     return value
 
 
+class _GpuLost(Exception):
+    """Internal: the GPU answered a "gone" status; stop reading it."""
+
+
+class _ProcessSample(object):
+    """One reading of every GPU's amdsmi process list: ``lists`` {handle position: list or exception}."""
+
+    def __init__(self, lists, taken_at):
+        self.lists = lists
+        self.taken_at = taken_at
+
+
+def amd_error_text(exc):
+    """An amdsmi exception in words: its ``err_info`` ("AMDSMI_STATUS_NO_PERM - Permission Denied") when it has one."""
+    info = getattr(exc, 'err_info', None)
+    if info:
+        return str(info).strip()
+    return error_text(exc).strip()
+
+
+def _code(exc):
+    code = getattr(exc, 'err_code', None)
+    try:
+        return abs(int(code)) if code is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _engine_ns(info):
+    """{engine: busy ns} from a process entry's ``engine_usage`` (values "N/A" are left out)."""
+    usage = info.get('engine_usage') if isinstance(info, dict) else None
+    result = {}
+    if isinstance(usage, dict):
+        for name, value in usage.items():
+            number = _num(value)
+            if number is not None:
+                result[name] = number
+    return result
+
+
+def _busy_pct(prev, cur, elapsed_s):
+    """Busiest engine between two ``engine_usage`` readings, in percent (int); None when unknown."""
+    if prev is None or not elapsed_s or elapsed_s <= 0:
+        return None
+    best = None
+    for name, value in cur.items():
+        if name not in prev:
+            continue
+        delta = value - prev[name] if value >= prev[name] else 0
+        pct = max(0.0, min(100.0, delta / (elapsed_s * 1e9) * 100.0))
+        best = pct if best is None else max(best, pct)
+    return None if best is None else int(round(best))
+
+
 class AmdBackend(Backend):
-    """amdsmi backend.  ``amdsmi`` injects the module (tests); default: lazy import."""
+    """AMD GPUs.  ``amdsmi`` injects the module (tests; ``False``: not installed); default: lazy import.
+
+    Test seams (never user options): ``root``/``sys_root``/``proc_root`` for the library-free path
+    (default ``$_GPUFLEET_DRM_ROOT`` or ``/``), ``clock``, ``sleep``, ``interval`` and ``cache`` for
+    the two readings that make per-process utilization.
+    """
 
     name = 'amd'
 
-    def __init__(self, amdsmi=None):
+    def __init__(self, amdsmi=None, root=None, sys_root=None, proc_root=None, clock=time.monotonic, sleep=time.sleep,
+                 interval=None, cache=None):
         super(AmdBackend, self).__init__()
         self.amdsmi = amdsmi
+        self.root = drm.drm_root(root)
+        self.sys_root = sys_root or os.path.join(self.root, 'sys')
+        self.proc_root = proc_root or os.path.join(self.root, 'proc')
+        self.readings = drm.TwoReadings(clock, sleep, interval, cache)
+        self.mode = None          # 'amdsmi' or 'sysfs' once probed
+        self.cards = []
         self._initialized = False
 
+    # ------------------------------------------------------------------ life cycle
     def probe(self):
         mod = self.amdsmi
         if mod is None:
             mod, error = import_amdsmi()
-            if mod is None:
-                self.status = BackendStatus(name=self.name, available=False, error=error)
-                return self.status
+        elif mod is False:
+            mod, error = None, NOT_INSTALLED
+        else:
+            error = None
+        if mod is not None:
             self.amdsmi = mod
-        try:
-            flags = getattr(getattr(mod, 'AmdSmiInitFlags', None), 'INIT_AMD_GPUS', None)
-            if flags is None:
-                mod.amdsmi_init()
+            try:
+                flags = getattr(getattr(mod, 'AmdSmiInitFlags', None), 'INIT_AMD_GPUS', None)
+                if flags is None:
+                    mod.amdsmi_init()
+                else:
+                    mod.amdsmi_init(flags)
+                self._initialized = True
+            except Exception as exc:  # pylint: disable=broad-except
+                error = 'amdsmi initialisation failed (is the amdgpu driver loaded?): %s' % amd_error_text(exc)
             else:
-                mod.amdsmi_init(flags)
-            self._initialized = True
-        except Exception as exc:  # pylint: disable=broad-except
-            self.status = BackendStatus(name=self.name, available=False,
-                                        error='amdsmi initialisation failed (is the amdgpu driver loaded?): %s' % error_text(exc))
+                self.mode = 'amdsmi'
+                self.status = BackendStatus(name=self.name, available=True, version=self._version(), error=None)
+                return self.status
+        return self._probe_sysfs(error)
+
+    def _probe_sysfs(self, library_error):
+        """No usable amdsmi: read the amdgpu driver directly when it drives a GPU here."""
+        self.cards = sorted(drm.list_drm_cards(self.sys_root, AMD_PCI_VENDOR, drm.AMD_DRIVERS), key=lambda c: c.bdf)
+        if not self.cards:
+            self.status = BackendStatus(name=self.name, available=False, error=library_error)
             return self.status
-        self.status = BackendStatus(name=self.name, available=True, version=self._version(), error=None)
+        self.mode = 'sysfs'
+        version = drm.read_sysfs(os.path.join(self.sys_root, 'module', 'amdgpu', 'version'))
+        if version is None:
+            kernel = drm.read_sysfs(os.path.join(self.proc_root, 'sys', 'kernel', 'osrelease'))
+            version = 'amdgpu (kernel %s)' % kernel if kernel else None
+        self.status = BackendStatus(
+            name=self.name, available=True, version=version,
+            error='%s; reading the amdgpu driver through sysfs and DRM fdinfo instead (no UUID, no ECC counts)' % library_error)
         return self.status
 
     def _version(self):
@@ -132,41 +238,87 @@ class AmdBackend(Backend):
             except Exception:  # pylint: disable=broad-except
                 pass
 
+    # ------------------------------------------------------------------ reading
     def devices(self):
+        if self.mode == 'sysfs':
+            return self._sysfs_devices()
         if not self._initialized:
             return []
         mod = self.amdsmi
+        handles = list(mod.amdsmi_get_processor_handles())
+        first, second = self.readings.pair(lambda: self._sample_processes(handles), ('amdsmi', id(mod)),
+                                           needed=lambda s: any(isinstance(v, list) and v for v in s.lists.values()))
         result = []
-        for i, handle in enumerate(mod.amdsmi_get_processor_handles()):
+        for i, handle in enumerate(handles):
             dev = Device(vendor=self.name, vendor_index=i)
             try:
-                self._read_device(dev, handle)
+                self._read_device(dev, handle, first.lists.get(i), second.lists.get(i), second.taken_at - first.taken_at)
+            except _GpuLost as lost:
+                self._mark_lost(dev, lost.args[0])
             except Exception as exc:  # pylint: disable=broad-except
                 dev.processes_complete = False
-                dev.reading_failed('the device', error_text(exc))
+                dev.reading_failed('the device', amd_error_text(exc))
             result.append(dev)
         return result
+
+    def _sample_processes(self, handles):
+        lists = {}
+        for i, handle in enumerate(handles):
+            try:
+                lists[i] = self._process_entries(handle)
+            except Exception as exc:  # pylint: disable=broad-except
+                lists[i] = exc
+        return _ProcessSample(lists, self.readings.clock())
+
+    def _process_entries(self, handle):
+        """The process list as dicts (older amdsmi returns process handles: resolved one by one)."""
+        mod = self.amdsmi
+        entries = []
+        for item in mod.amdsmi_get_gpu_process_list(handle) or []:
+            if not isinstance(item, dict):
+                try:
+                    item = mod.amdsmi_get_gpu_process_info(handle, item)
+                except Exception as exc:  # pylint: disable=broad-except
+                    item = {'error': amd_error_text(exc)}
+            entries.append(item)
+        return entries
+
+    def _mark_lost(self, dev, exc):
+        dev.processes_complete = False
+        dev.driver_processes = []
+        for name in ('memory_used_mib', 'memory_free_mib', 'utilization_pct', 'memory_utilization_pct', 'temperature_c',
+                     'power_w', 'power_limit_w', 'orphaned_mib'):
+            setattr(dev, name, None)
+        dev.health.lose('the GPU stopped answering (amdsmi: %s): it fell off the bus or hung; reset it, and reboot the '
+                        'node if the reset fails' % amd_error_text(exc), action='reset')
 
     def _get(self, dev, what, func, *args):
         try:
             return func(*args)
         except Exception as exc:  # pylint: disable=broad-except
-            if getattr(exc, 'err_code', None) == 2:  # AMDSMI_STATUS_NOT_SUPPORTED
+            if _code(exc) == _NOT_SUPPORTED:
                 return None
-            dev.reading_failed(what, error_text(exc))
+            dev.reading_failed(what, amd_error_text(exc))
             return None
 
-    def _read_device(self, dev, handle):
+    def _read_device(self, dev, handle, first_procs, procs, elapsed):
         mod = self.amdsmi
         get = self._get
         dev.pci_bus_id = _na(get(dev, 'the PCI bus id', mod.amdsmi_get_gpu_device_bdf, handle))
+        try:
+            vram = mod.amdsmi_get_gpu_vram_usage(handle)
+        except Exception as exc:  # pylint: disable=broad-except
+            if _code(exc) in LOST_STATUSES:
+                raise _GpuLost(exc)
+            if _code(exc) != _NOT_SUPPORTED:
+                dev.reading_failed('the VRAM usage', amd_error_text(exc))
+            vram = None
         dev.uuid = _na(get(dev, 'the UUID', mod.amdsmi_get_gpu_device_uuid, handle))
         asic = get(dev, 'the ASIC info', mod.amdsmi_get_gpu_asic_info, handle) or {}
         dev.name = _na(asic.get('market_name'))
         if hasattr(mod, 'amdsmi_get_gpu_enumeration_info'):
             enum = self._quiet(mod.amdsmi_get_gpu_enumeration_info, handle) or {}
             dev.minor = _num(enum.get('drm_card'))
-        vram = get(dev, 'the VRAM usage', mod.amdsmi_get_gpu_vram_usage, handle)
         if vram:
             dev.memory_total_mib = _num(vram.get('vram_total'))
             dev.memory_used_mib = _num(vram.get('vram_used'))
@@ -184,13 +336,21 @@ class AmdBackend(Backend):
                 if dev.power_w is not None:
                     break
             dev.power_limit_w = _watts(_num(power.get('power_limit'), float))
-        if hasattr(mod, 'amdsmi_get_gpu_total_ecc_count'):
-            ecc = self._quiet(mod.amdsmi_get_gpu_total_ecc_count, handle) or {}
-            unc = _num(ecc.get('uncorrectable_count'))
-            dev.ecc_uncorrected_volatile = unc
-            if unc:
-                dev.health.degrade('%d uncorrectable ECC error(s): reset the GPU' % unc, action='reset')
-        self._read_processes(dev, handle)
+        self._read_health(dev, handle)
+        self._add_processes(dev, first_procs, procs, elapsed)
+
+    def _read_health(self, dev, handle):
+        mod = self.amdsmi
+        if not hasattr(mod, 'amdsmi_get_gpu_total_ecc_count'):
+            return
+        ecc = self._quiet(mod.amdsmi_get_gpu_total_ecc_count, handle) or {}
+        unc = _num(ecc.get('uncorrectable_count'))
+        dev.ecc_uncorrected_volatile = unc
+        if unc:
+            dev.health.degrade('%d uncorrectable ECC error(s): reset the GPU' % unc, action='reset')
+        deferred = _num(ecc.get('deferred_count'))
+        if deferred:
+            dev.health.degrade('%d deferred (poisoned) ECC error(s): reset the GPU' % deferred, action='reset')
 
     def _quiet(self, func, *args):
         try:
@@ -211,23 +371,26 @@ class AmdBackend(Backend):
                     return value
         return None
 
-    def _read_processes(self, dev, handle):
-        mod = self.amdsmi
-        try:
-            procs = mod.amdsmi_get_gpu_process_list(handle)
-        except Exception as exc:  # pylint: disable=broad-except
+    def _add_processes(self, dev, first_procs, procs, elapsed):
+        if isinstance(procs, Exception):
+            if _code(procs) in LOST_STATUSES and dev.memory_used_mib is None:
+                raise _GpuLost(procs)
             dev.processes_complete = False
-            dev.reading_failed('the process list', error_text(exc))
+            detail = amd_error_text(procs)
+            if _code(procs) == _NO_PERM:
+                detail += ' (run as root to see every process)'
+            dev.reading_failed('the process list', detail)
             return
-        for item in procs or []:
-            info = item
-            if not isinstance(item, dict):  # older amdsmi: process handles
-                try:
-                    info = mod.amdsmi_get_gpu_process_info(handle, item)
-                except Exception as exc:  # pylint: disable=broad-except
-                    dev.processes_complete = False
-                    dev.reading_failed('a process entry', error_text(exc))
-                    continue
+        before = {}
+        for info in first_procs if isinstance(first_procs, list) else []:
+            pid = _num(info.get('pid'))
+            if pid is not None:
+                before[pid] = _engine_ns(info)
+        for info in procs or []:
+            if 'error' in info and 'pid' not in info:
+                dev.processes_complete = False
+                dev.reading_failed('a process entry', info['error'])
+                continue
             pid = _num(info.get('pid'))
             if pid is None:
                 continue
@@ -235,4 +398,84 @@ class AmdBackend(Backend):
             vram = _num(usage.get('vram_mem')) if isinstance(usage, dict) else None
             if vram is None:
                 vram = _num(info.get('mem'))
-            dev.add_driver_process(pid, bytes_to_mib(vram), 'compute')
+            proc = dev.add_driver_process(pid, bytes_to_mib(vram), 'compute')
+            proc.util_pct = _busy_pct(before.get(pid), _engine_ns(info), elapsed)
+            gtt = _num(usage.get('gtt_mem')) if isinstance(usage, dict) else None
+            if gtt is not None:
+                proc.system_mib = bytes_to_mib(gtt)
+            name = _na(info.get('name'))
+            if name is not None:
+                proc.name = str(name)
+
+    # ------------------------------------------------------------------ without amdsmi
+    def _drm_sample(self):
+        return drm.scan_clients(self.proc_root, drm.AMD_DRIVERS, clock=self.readings.clock)
+
+    def _sysfs_devices(self):
+        first, second = self.readings.pair(self._drm_sample, ('amdgpu', self.proc_root), needed=lambda s: bool(s.clients))
+        return [read_device(Device(vendor=self.name, vendor_index=i, minor=card.minor, pci_bus_id=card.bdf),
+                            self._read_card, card, first, second) for i, card in enumerate(self.cards)]
+
+    def _read_card(self, dev, card, first, second):
+        if drm.card_lost(dev, card):
+            return
+        name = card.attr('product_name') or drm.pci_device_name(card.vendor_id, card.device_id, self.root)
+        if not name and card.device_id:
+            name = 'AMD GPU [1002:%s]' % card.device_id.replace('0x', '')
+        dev.name = name
+        total = drm.read_int(os.path.join(card.device_path, 'mem_info_vram_total'))
+        used = drm.read_int(os.path.join(card.device_path, 'mem_info_vram_used'))
+        dev.memory_total_mib = bytes_to_mib(total)
+        dev.memory_used_mib = bytes_to_mib(used)
+        if total is not None and used is not None:
+            dev.memory_free_mib = bytes_to_mib(max(0, total - used))
+        busy = drm.read_int(os.path.join(card.device_path, 'gpu_busy_percent'))
+        dev.utilization_pct = busy
+        busy = drm.read_int(os.path.join(card.device_path, 'mem_busy_percent'))
+        dev.memory_utilization_pct = busy
+        hw = drm.hwmon_readings(card)
+        dev.temperature_c = hw['temp_c']
+        dev.power_w = hw['power_w']
+        dev.power_limit_w = hw['power_cap_w']
+        drm.add_client_processes(dev, first, second, card.bdf, self.proc_root)
+        drm.note_incomplete(dev, second)
+
+
+# ---------------------------------------------------------------------------- reset support
+_BUSY = 30
+
+
+def reset_gpu(bdf, amdsmi=None):
+    """Reset the AMD GPU at PCI ``bdf`` with ``amdsmi_reset_gpu`` in a library session of its own.
+
+    Returns (outcome, detail): ``reset``; ``unavailable`` (no library, or the call is not
+    supported: the caller may fall back to the amd-smi CLI); or ``failed`` with the reason.
+    """
+    backend = AmdBackend(amdsmi=amdsmi)
+    status = backend.probe()
+    mod = backend.amdsmi
+    if not status.available or mod is None:
+        backend.close()
+        return 'unavailable', status.error or NOT_INSTALLED
+    try:
+        wanted = pci_bdf(bdf)
+        for handle in mod.amdsmi_get_processor_handles():
+            if pci_bdf(mod.amdsmi_get_gpu_device_bdf(handle)) == wanted:
+                break
+        else:
+            return 'failed', 'amdsmi does not know a GPU at %s' % bdf
+        if not hasattr(mod, 'amdsmi_reset_gpu'):
+            return 'unavailable', 'this amdsmi has no amdsmi_reset_gpu'
+        mod.amdsmi_reset_gpu(handle)
+        return 'reset', 'amdsmi_reset_gpu(%s) succeeded' % bdf
+    except Exception as exc:  # pylint: disable=broad-except
+        code = _code(exc)
+        if code == _NOT_SUPPORTED:
+            return 'unavailable', 'amdsmi_reset_gpu is not supported here (%s)' % error_text(exc)
+        if code == _NO_PERM:
+            return 'failed', 'amdsmi_reset_gpu needs root (%s)' % error_text(exc)
+        if code == _BUSY:
+            return 'failed', 'the GPU is in use: stop every process using it first (%s)' % error_text(exc)
+        return 'failed', 'amdsmi_reset_gpu failed: %s' % error_text(exc)
+    finally:
+        backend.close()

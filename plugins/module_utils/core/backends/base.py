@@ -13,6 +13,8 @@ never hides the others, an error reading a GPU lands in that Device's health and
 
 from __future__ import annotations
 
+import subprocess
+
 from ..model import BackendStatus
 
 
@@ -23,6 +25,51 @@ def error_text(exc):
     if not text:
         return name
     return text.splitlines()[-1] if '\n' in text else text
+
+
+def pci_bdf(text):
+    """A PCI address as sysfs writes it (``0000:07:00.0``) from NVML's ``00000000:07:00.0`` or ``07:00.0``."""
+    text = str(text or '').strip().lower()
+    domain, _sep, function = text.rpartition(':')
+    domain, _sep, bus = domain.rpartition(':')
+    try:
+        return '%04x:%s:%s' % (int(domain or '0', 16), bus, function)
+    except ValueError:
+        return text
+
+
+def to_number(value, cast=int):
+    """``cast(value)``, or None for None, booleans and what does not convert (a tool's "N/A")."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return cast(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def run_command(argv, timeout):
+    """Run a vendor tool: (rc, stdout bytes, stderr text); rc None when it could not start or timed out."""
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return None, b'', 'timed out after %ss' % timeout
+    except OSError as exc:
+        return None, b'', error_text(exc)
+    return proc.returncode, proc.stdout, proc.stderr.decode('utf-8', 'replace')
+
+
+def read_device(dev, read, *args, **kwargs):
+    """``read(dev, *args)``; an unexpected error becomes the device's failed reading (one GPU never hides
+    the others).  ``describe`` (default error_text) words the exception.  Returns ``dev``."""
+    describe = kwargs.pop('describe', error_text)
+    try:
+        read(dev, *args)
+    except Exception as exc:  # pylint: disable=broad-except
+        dev.processes_complete = False
+        dev.reading_failed('the device', describe(exc))
+    return dev
 
 
 class Backend(object):
@@ -44,6 +91,17 @@ class Backend(object):
         ``vendor_index`` is the vendor library's own index.  Never raises for a per-device problem.
         """
         return []
+
+    def memory_view(self):
+        """``{vendor_index: (used MiB or None, set of listed pids or None)}`` from a fresh read.
+
+        What the release check polls while processes exit; backends may read less than devices()
+        does.  ``None`` pids: the process list could not be read.
+        """
+        view = {}
+        for dev in self.devices():
+            view[dev.vendor_index] = (dev.memory_used_mib, set(dev.pids) if dev.processes_complete else None)
+        return view
 
     def close(self):
         """Release the vendor library (idempotent, never raises)."""
