@@ -37,12 +37,15 @@ attributes:
     support: full
     details:
       - Check mode runs the whole selection and protection logic and returns in RV(killed) exactly the processes
-        a real run would signal, without sending any signal.
-      - With O(idle_for), check mode still records one utilization sample per GPU process in O(utilization_history).
+        a real run would signal, without sending any signal. RV(killed[].signals) then lists the signals a real run
+        would send (V(SIGKILL) only with O(force=true), for a process that outlives O(timeout)).
+      - With O(idle_for), check mode still records one utilization sample per GPU process in O(utilization_history),
+        so that idleness can be measured without killing anything.
   diff_mode:
     support: full
     details:
-      - The diff lists the selected processes before and the ones that would remain after.
+      - The diff lists the selected processes (pid, user, command line) before, and after the ones still running
+        (skipped and failed ones).
   idempotent:
     support: full
     details:
@@ -84,12 +87,14 @@ options:
     description:
       - Only processes that hold GPU memory while their GPU utilization stayed at or below O(idle_util_pct) for at least
         this long, for example V(30m) or V(2h).
-      - Idleness is sampled. Each gpu_kill run with O(idle_for), and each tick of the guard timer, records one
-        utilization sample per GPU process in O(utilization_history). A process is idle since the oldest sample of the
-        unbroken run of idle samples that ends with the current one. The per-process figure is the driver's own
-        per-process utilization (NVML process utilization samples) where it exists, else the GPU's utilization when
+      - Idleness is sampled. Each gpu_kill run with O(idle_for), check mode included, records one utilization sample
+        per GPU process in O(utilization_history). A process is idle since the oldest sample of the unbroken run of
+        idle samples that ends with the current one; an unknown sample breaks the run. The per-process figure is the
+        driver's own per-process utilization (for NVIDIA the highest SM utilization in NVML's process utilization
+        samples of the last 10 seconds; no sample means 0) where the driver has one, else the GPU's utilization when
         the process is alone on it; otherwise it is unknown and the process is never called idle.
-      - So the first run only starts the clock. Run gpu_kill (or the guard) periodically, or rely on the guard's samples.
+      - So the first run only starts the clock. Run gpu_kill periodically (in check mode to only sample), at an
+        interval short compared to O(idle_for), because a process idle at two consecutive samples counts as idle in between.
     type: str
   idle_util_pct:
     description: The utilization (percent) at or below which a sample counts as idle.
@@ -107,7 +112,10 @@ options:
   rogue:
     description:
       - Select processes that the rogue (crypto-miner) detector classifies at or above O(rogue_min_level).
-      - The detector ships with gpufleet.reclaim.gpu_audit; until it is available this option fails with a clear message.
+      - This is the detector of gpufleet.reclaim.gpu_audit with its built-in rules (no rules file, so no allowlist); run
+        gpu_audit first to see the findings and their evidence. V(critical) needs a hard indicator such as a stratum URL,
+        miner options, a wallet address or a pool connection.
+      - Utilization and memory samples are read from the usage history C(/var/lib/gpufleet/history.db) when it exists.
     type: bool
     default: false
   rogue_min_level:
@@ -125,12 +133,13 @@ options:
     default: TERM
     choices: [TERM, INT, HUP, QUIT, KILL, USR1, USR2]
   timeout:
-    description: Seconds to wait for the processes to exit after O(signal).
+    description: Seconds to wait for the processes to exit after O(signal). Must not be negative.
     type: float
     default: 10
   force:
     description:
-      - Send SIGKILL to processes still running after O(timeout). Without it, survivors are reported in RV(failed).
+      - Send SIGKILL to processes still running after O(timeout). Without it, survivors are reported in
+        RV(failed_processes) and the task fails.
     type: bool
     default: false
   tree:
@@ -139,7 +148,7 @@ options:
     default: true
   release_timeout:
     description:
-      - Seconds to wait, after the processes exit, for the driver to show their memory as free.
+      - Seconds to wait, after the processes exit, for the driver to show their memory as free. Must not be negative.
       - Memory still held then is reported in RV(unreleased) with the likely cause.
     type: float
     default: 15
@@ -163,11 +172,16 @@ options:
     default: auto
     choices: [auto, nvidia, amd, intel, apple]
   audit_log:
-    description: JSON Lines file on the node that each run which signals something is appended to. An empty value disables it.
+    description:
+      - Absolute path of the JSON Lines file on the node that each run which signals something is appended to (who, when,
+        the selectors and options, and what happened to each process). Lines are hash-chained, so edits are detectable.
+      - An empty value or V(none) disables the log.
     type: path
     default: /var/log/gpufleet/actions.jsonl
   utilization_history:
-    description: Where the utilization samples for O(idle_for) are kept on the node.
+    description:
+      - Absolute path of the file on the node that keeps the utilization samples for O(idle_for).
+      - An empty value or V(none) disables it; O(idle_for) then fails.
     type: path
     default: /var/lib/gpufleet/utilization.json
 notes:
@@ -176,7 +190,7 @@ notes:
     and, for a non-root caller, processes of other users.
   - A pid that the driver lists but that is not visible in the module's PID namespace (a container without
     C(--pid=host)) is never signalled, and a visible pid that holds no GPU device file is skipped as a likely
-    pid-namespace collision. Both are reported in RV(skipped) with the reason.
+    pid-namespace collision. Both are reported in RV(skipped_processes) with the reason.
   - A process that exits by itself during the run counts as killed, not as an error.
 seealso:
   - module: gpufleet.reclaim.gpu_facts
@@ -215,7 +229,8 @@ EXAMPLES = r"""
 RETURN = r"""
 killed:
   description:
-    - The processes that were signalled and exited (in check mode, the ones that would be signalled).
+    - The processes that were signalled and exited, and those that exited by themselves during the run (with
+      RV(killed[].reason) saying so and no signal). In check mode, the processes a real run would signal.
     - Children collected with O(tree=true) carry RV(killed[].parent_pid).
   returned: always
   type: list
@@ -226,7 +241,7 @@ killed:
       type: int
       returned: always
     user:
-      description: Owner.
+      description: Owner (login name of the real user id).
       type: str
       returned: always
     name:
@@ -248,7 +263,7 @@ killed:
       type: int
       returned: always
     signals:
-      description: Signals sent, in order, for example V([SIGTERM, SIGKILL]).
+      description: Signals sent, in order, for example V([SIGTERM, SIGKILL]); in check mode the signals a real run would send.
       type: list
       elements: str
       returned: always
@@ -257,7 +272,7 @@ killed:
       type: float
       returned: always
     seconds_to_release:
-      description: Seconds from the start of the release check until the driver showed the memory as free.
+      description: Seconds from the start of the release check until the driver showed the memory of its GPUs as free.
       type: float
       returned: always
     selected_because:
@@ -269,6 +284,10 @@ killed:
       description: Notes, for example that the process exited by itself.
       type: str
       returned: always
+    parent_pid:
+      description: The selected process this child was collected under (O(tree=true)).
+      type: int
+      returned: for children collected with O(tree=true)
   sample:
     - pid: 41234
       user: bob
@@ -281,13 +300,32 @@ killed:
       seconds_to_release: 0.4
       selected_because: [user bob]
       reason: null
-skipped:
-  description: Processes that were selected but not signalled, with the reason (protected, reused pid, not visible here).
+skipped_processes:
+  description:
+    - Processes that matched the selectors but were not signalled, with RV(killed[].reason) saying why (protected, a
+      reused pid, not visible in this PID namespace, not permitted for a non-root caller).
+    - Entries have the same keys as RV(killed).
+    - Not called C(skipped), which is Ansible's own key for a skipped task.
   returned: always
   type: list
   elements: dict
-failed:
-  description: Processes that were signalled but are still running, with the reason (ignored SIGTERM without force, D state).
+  sample:
+    - pid: 2211
+      user: root
+      name: nv-hostengine
+      cmdline: [nv-hostengine]
+      gpu_indexes: [0]
+      used_mib: 300
+      signals: []
+      seconds_to_exit: null
+      seconds_to_release: null
+      selected_because: [on GPU 0 (all_on_gpus)]
+      reason: protected name nv-hostengine (protect_names)
+failed_processes:
+  description:
+    - Processes that were signalled but are still running, with the reason (SIGTERM ignored without O(force), D state,
+      signal refused). Entries have the same keys as RV(killed).
+    - When it is not empty the task fails. Not called C(failed), which is Ansible's own key for a failed task.
   returned: always
   type: list
   elements: dict
@@ -296,6 +334,15 @@ freed_mib:
   returned: always
   type: dict
   sample: {"0": 12288}
+release:
+  description:
+    - Per GPU whose processes exited (keys are host-wide GPU indexes as strings), the outcome of the release check.
+    - C(released) is V(true) once the driver listed none of the exited processes and its used memory had dropped by what
+      they held; C(seconds) is how long that took after the release check started; C(freed_mib) and C(unreleased_mib)
+      are MiB.
+  returned: always
+  type: dict
+  sample: {"0": {"released": true, "seconds": 0.41, "freed_mib": 12288, "unreleased_mib": 0}}
 unreleased:
   description: GPUs whose memory did not come back within O(release_timeout), with the MiB still held and the likely cause.
   returned: always
@@ -304,7 +351,8 @@ unreleased:
   sample:
     - gpu: 1
       unreleased_mib: 4096
-      cause: "no process holds the device any more: the driver kept the memory (a leak); gpufleet.reclaim.gpu_reset clears it"
+      cause: "no process holds the GPU device any more: the driver kept the memory (a leak, or a slow release);
+        gpufleet.reclaim.gpu_reset clears it"
 unreleased_mib:
   description: Total MiB not released.
   returned: always
@@ -329,6 +377,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors impor
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reclaim import SIGNALS, ReclaimOptions, reclaim
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import selector_detector
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import ROGUE_LEVELS, Selector
 
 
@@ -362,20 +411,39 @@ def argument_spec():
 
 
 def build(params):
-    """Validate every option before anything is read or signalled; raises InvalidArgument."""
-    for field in ('timeout', 'release_timeout'):
-        if params[field] < 0:
-            raise InvalidArgument(field, params[field], 'must not be negative')
+    """Validate every option before anything is read or signalled; raises InvalidArgument naming the field."""
     selector = Selector(pids=params['pids'], gpus=params['gpus'], users=params['users'], exclude_users=params['exclude_users'],
                         name=params['name'], cmdline=params['cmdline'], min_used_mib=params['min_used_mib'],
                         idle_for=params['idle_for'], idle_util_pct=params['idle_util_pct'], older_than=params['older_than'],
                         orphans=params['orphans'], rogue=params['rogue'], rogue_min_level=params['rogue_min_level'],
-                        all_on_gpus=params['all_on_gpus'])
+                        all_on_gpus=params['all_on_gpus'], rogue_detector=selector_detector())
     options = ReclaimOptions(signal=params['signal'], timeout=params['timeout'], force=params['force'], tree=params['tree'],
                              release_timeout=params['release_timeout'], protect_names=params['protect_names'],
                              protect_users=params['protect_users'], vendor=params['vendor'],
-                             audit_path=params['audit_log'] or None, history_path=params['utilization_history'] or None)
+                             audit_path=params['audit_log'], history_path=params['utilization_history'])
     return selector, options
+
+
+def _line(entry):
+    return '%s %s %s' % (entry['pid'], entry.get('user'), ' '.join(entry.get('cmdline') or []) or entry.get('name') or '')
+
+
+def diff(result):
+    """Before: every selected process; after: the ones still running (failed and skipped)."""
+    still = result['failed_processes'] + result['skipped_processes']
+    before = sorted(_line(e) for e in result['killed'] + still)
+    after = sorted(_line(e) for e in still)
+    return {'before': ''.join(line + '\n' for line in before), 'after': ''.join(line + '\n' for line in after),
+            'before_header': 'selected GPU processes', 'after_header': 'selected GPU processes still running'}
+
+
+def module_result(result):
+    """The core's result with Ansible-safe names: ``failed`` and ``skipped`` are Ansible's own task
+    status keys (a non-empty list would mark the task failed or skipped, and callbacks hide them)."""
+    result = dict(result)
+    result['skipped_processes'] = result.pop('skipped')
+    result['failed_processes'] = result.pop('failed')
+    return result
 
 
 def main():
@@ -385,21 +453,22 @@ def main():
     try:
         selector, options = build(module.params)
         # reclaim() selects (resolving gpus, failing on an unknown one) before anything is signalled.
-        result = reclaim(selector, options, check_mode=module.check_mode)
+        result = module_result(reclaim(selector, options, check_mode=module.check_mode))
     except InvalidArgument as exc:
         module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
     except GpuFleetError as exc:
         module.fail_json(msg=str(exc))
     except Exception as exc:  # pylint: disable=broad-except
         module.fail_json(msg='gpu_kill failed: %s' % exc, exception=traceback.format_exc())
-    warnings = result.pop('warnings', [])
-    for warning in warnings:
+    for warning in result.pop('warnings', []):
         module.warn(warning)
+    for entry in result['unreleased']:
+        module.warn('%d MiB on GPU %s did not come back within %s s: %s' % (
+            entry['unreleased_mib'], entry['gpu'], module.params['release_timeout'], entry['cause']))
     if module._diff:
-        before = sorted('%d %s %s' % (e['pid'], e['user'], ' '.join(e['cmdline'])) for e in result['killed'] + result['failed'])
-        after = sorted('%d %s %s' % (e['pid'], e['user'], ' '.join(e['cmdline'])) for e in result['failed'])
-        result['diff'] = {'before': '\n'.join(before) + '\n' if before else '', 'after': '\n'.join(after) + '\n' if after else '',
-                          'before_header': 'selected GPU processes', 'after_header': 'GPU processes left running'}
+        result['diff'] = diff(result)
+    if result['failed_processes']:
+        module.fail_json(**result)
     module.exit_json(**result)
 
 

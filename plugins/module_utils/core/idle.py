@@ -7,9 +7,8 @@
 """Sampled GPU utilization per process, kept between runs, for "idle for 30 minutes" decisions.
 
 No driver keeps a per-process utilization history long enough to say that a process has been
-idle for half an hour, so we keep one.  Every run that reads a snapshot for a decision (gpu_kill
-with ``idle_for``, and the guard's timer ticks) appends one sample per GPU process to a small
-JSON file.  A process is idle since the oldest sample of the unbroken run of samples, ending
+idle for half an hour, so we keep one.  Every gpu_kill run with ``idle_for`` (check mode
+included) appends one sample per GPU process to a small JSON file.  A process is idle since the oldest sample of the unbroken run of samples, ending
 with the newest, whose utilization is at or below the threshold.  A process with no known
 utilization, or whose history does not reach back far enough, is never called idle.
 
@@ -21,6 +20,7 @@ so a reused pid starts a new history.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -44,6 +44,16 @@ def process_utilization(proc, snapshot):
     return max(figures) if figures else None
 
 
+def _valid_sample(sample):
+    """A stored sample is ``[epoch seconds, percent or null]``; anything else is dropped on load."""
+    if not isinstance(sample, list) or len(sample) != 2:
+        return False
+    stamp, util = sample
+    number = (int, float)
+    return (isinstance(stamp, number) and not isinstance(stamp, bool)
+            and (util is None or (isinstance(util, number) and not isinstance(util, bool))))
+
+
 class UtilizationHistory(object):
     """The sample file: ``{"version": 1, "processes": {"pid:starttime": [[ts, util], ...]}}``."""
 
@@ -59,8 +69,7 @@ class UtilizationHistory(object):
             procs = data.get('processes') if isinstance(data, dict) else None
             if not isinstance(procs, dict):
                 raise ValueError('no "processes" object')
-            self.samples = dict((k, [s for s in v if isinstance(s, list) and len(s) == 2])
-                                for k, v in procs.items() if isinstance(v, list))
+            self.samples = dict((k, [s for s in v if _valid_sample(s)]) for k, v in procs.items() if isinstance(v, list))
         except FileNotFoundError:
             self.samples = {}
         except (OSError, ValueError) as exc:
@@ -96,15 +105,46 @@ class UtilizationHistory(object):
                 found[proc.pid] = since
         return found
 
+    def update(self, snapshot, now):
+        """Load, add one sample per GPU process, save: under an exclusive lock of ``<path>.lock``, so
+        that two concurrent writers (two gpu_kill runs) never drop each other's samples.
+        Returns a list of warnings (unreadable history, failed save)."""
+        warnings = []
+        directory = os.path.dirname(os.path.abspath(self.path))
+        lock = None
+        try:
+            os.makedirs(directory, mode=0o750, exist_ok=True)
+            lock = os.open(self.path + '.lock', os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o600)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as exc:
+            warnings.append('could not lock utilization history %s: %s' % (self.path, exc))
+        try:
+            self.load().record(snapshot, now)
+            if self.warning:
+                warnings.append(self.warning)
+            error = self.save()
+            if error:
+                warnings.append(error)
+        finally:
+            if lock is not None:
+                os.close(lock)  # closing the descriptor releases the lock
+        return warnings
+
     def save(self):
         """Write atomically (temp file and rename) with mode 0600; returns an error text or None."""
         directory = os.path.dirname(os.path.abspath(self.path))
+        tmp = None
         try:
             os.makedirs(directory, mode=0o750, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix='.utilization.', dir=directory)
             with os.fdopen(fd, 'w', encoding='utf-8') as handle:
                 json.dump({'version': 1, 'processes': self.samples}, handle, separators=(',', ':'))
             os.rename(tmp, self.path)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
             return 'could not save utilization history %s: %s' % (self.path, exc)
         return None

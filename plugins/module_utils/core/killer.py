@@ -23,7 +23,7 @@ import os
 import signal
 import time
 
-from .processes import parse_stat
+from .processes import parse_stat, read_proc_files, user_name
 
 DEFAULT_PROTECT_NAMES = (
     'Xorg', 'X', 'Xwayland', 'gnome-shell', 'kwin_x11', 'kwin_wayland', 'gdm', 'gdm3', 'sddm', 'lightdm',
@@ -32,14 +32,17 @@ DEFAULT_PROTECT_NAMES = (
 )
 PF_KTHREAD = 0x00200000
 KTHREADD_PID = 2
+DEAD_STATES = ('Z', 'X', 'x')
+# Bytes of a command line read for results and name checks.
+CMDLINE_LIMIT = 65536
 
 
 class ProcInfo(object):
-    """What /proc says about one pid at one moment (None fields are unknown)."""
+    """What /proc says about one pid at one moment (None fields are unknown).  ``uid`` is the real uid."""
 
-    __slots__ = ('pid', 'comm', 'state', 'ppid', 'session', 'flags', 'starttime', 'uid', 'exe', 'argv0')
+    __slots__ = ('pid', 'comm', 'state', 'ppid', 'session', 'flags', 'starttime', 'uid', 'exe', 'cmdline')
 
-    def __init__(self, pid, comm, state, ppid, session, flags, starttime, uid, exe, argv0):
+    def __init__(self, pid, comm, state, ppid, session, flags, starttime, uid, exe, cmdline):
         self.pid = pid
         self.comm = comm
         self.state = state
@@ -49,11 +52,20 @@ class ProcInfo(object):
         self.starttime = starttime
         self.uid = uid
         self.exe = exe
-        self.argv0 = argv0
+        self.cmdline = cmdline
+
+    @property
+    def argv0(self):
+        return self.cmdline[0] if self.cmdline else None
 
     @property
     def kernel_thread(self):
         return self.pid == KTHREADD_PID or self.ppid == KTHREADD_PID or bool(self.flags & PF_KTHREAD)
+
+    @property
+    def dead(self):
+        """A zombie (exited, not yet reaped) or dead task: it holds no GPU memory and takes no signal."""
+        return self.state in DEAD_STATES
 
     @property
     def names(self):
@@ -70,62 +82,51 @@ class ProcInfo(object):
 
 def read_proc(pid, proc_root='/proc'):
     """A ProcInfo for ``pid``, or None when no such process exists (or it is already reaped)."""
-    base = '%s/%d' % (proc_root, pid)
-    try:
-        with open(base + '/stat', 'rb') as handle:
-            stat = parse_stat(handle.read().decode('utf-8', 'replace'))
-    except (OSError, ValueError, IndexError):
+    files = read_proc_files(pid, proc_root, cmdline_limit=CMDLINE_LIMIT)
+    if files is None:
         return None
-    uid = None
-    try:
-        with open(base + '/status', 'rb') as handle:
-            for line in handle:
-                if line.startswith(b'Uid:'):
-                    uid = int(line.split()[2])  # effective uid
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        exe = os.readlink(base + '/exe')
-    except OSError:
-        exe = None
-    argv0 = None
-    try:
-        with open(base + '/cmdline', 'rb') as handle:
-            argv0 = handle.read(4096).split(b'\0', 1)[0].decode('utf-8', 'replace') or None
-    except OSError:
-        pass
-    return ProcInfo(pid, stat['comm'], stat['state'], stat['ppid'], stat['session'], stat['flags'], stat['starttime'], uid, exe, argv0)
+    stat = files['stat']
+    return ProcInfo(pid, stat['comm'], stat['state'], stat['ppid'], stat['session'], stat['flags'], stat['starttime'],
+                    files['uid'], files['exe'], files['cmdline'])
 
 
 def ancestors(pid, proc_root='/proc', limit=4096):
     """The pids above ``pid`` up to pid 1 (bounded, so a corrupt /proc cannot loop us)."""
     found = []
-    info = read_proc(pid, proc_root)
-    while info is not None and info.ppid > 0 and len(found) < limit:
-        found.append(info.ppid)
-        info = read_proc(info.ppid, proc_root)
+    ppid = _parent(pid, proc_root)
+    while ppid and len(found) < limit:
+        found.append(ppid)
+        ppid = _parent(ppid, proc_root)
     return found
 
 
-def children_of(pids, proc_root='/proc'):
-    """Every descendant of ``pids`` (a snapshot of the whole table, one pass over /proc)."""
-    by_parent = {}
+def _parent(pid, proc_root):
     try:
-        names = os.listdir(proc_root)
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        info = read_proc(int(name), proc_root)
-        if info is not None:
-            by_parent.setdefault(info.ppid, []).append(info.pid)
+        with open('%s/%d/stat' % (proc_root, pid), 'rb') as handle:
+            return parse_stat(handle.read().decode('utf-8', 'replace'))['ppid']
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def children_of(pids, proc_root='/proc'):
+    """Every descendant of ``pids``, parents before children.
+
+    Uses /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN, most distribution kernels) to walk only
+    the trees asked for; without it, one pass over the whole process table maps parents.
+    """
+    if _has_children_files(proc_root):
+        def direct(pid):
+            return _direct_children(pid, proc_root)
+    else:
+        by_parent = _parent_map(proc_root)
+
+        def direct(pid):
+            return by_parent.get(pid, ())
     found = []
     seen = set(pids)
     stack = list(pids)
     while stack:
-        for child in by_parent.get(stack.pop(), ()):
+        for child in sorted(direct(stack.pop())):
             if child not in seen:
                 seen.add(child)
                 found.append(child)
@@ -133,18 +134,63 @@ def children_of(pids, proc_root='/proc'):
     return found
 
 
-class Protection(object):
-    """The rules that are never crossed, in check mode or not."""
+_CHILDREN_FILES = {}
 
-    def __init__(self, protect_names=DEFAULT_PROTECT_NAMES, protect_users=(), proc_root='/proc', user_of_uid=None):
+
+def _has_children_files(proc_root):
+    if proc_root not in _CHILDREN_FILES:
+        pid = os.getpid()
+        _CHILDREN_FILES[proc_root] = os.path.exists('%s/%d/task/%d/children' % (proc_root, pid, pid))
+    return _CHILDREN_FILES[proc_root]
+
+
+def _direct_children(pid, proc_root):
+    """The children of every thread of ``pid`` (empty when it is gone)."""
+    base = '%s/%d/task' % (proc_root, pid)
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return []
+    kids = []
+    for tid in tids:
+        try:
+            with open('%s/%s/children' % (base, tid), 'rb') as handle:
+                kids.extend(int(value) for value in handle.read().split())
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+    return kids
+
+
+def _parent_map(proc_root):
+    by_parent = {}
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return by_parent
+    for name in names:
+        if name.isdigit():
+            ppid = _parent(int(name), proc_root)
+            if ppid is not None:
+                by_parent.setdefault(ppid, []).append(int(name))
+    return by_parent
+
+
+class Protection(object):
+    """The rules that are never crossed, in check mode or not.
+
+    ``euid`` is the caller's effective uid (a test seam: another value makes a root caller behave
+    like an unprivileged one).
+    """
+
+    def __init__(self, protect_names=DEFAULT_PROTECT_NAMES, protect_users=(), proc_root='/proc', user_of_uid=None, euid=None):
         self.protect_names = frozenset(protect_names or ())
         self.protect_users = frozenset(protect_users or ())
         self.proc_root = proc_root
-        self.euid = os.geteuid()
+        self.euid = os.geteuid() if euid is None else euid
         self.self_pid = os.getpid()
         self.self_session = os.getsid(0)
         self.self_ancestors = frozenset(ancestors(self.self_pid, proc_root))
-        self.user_of_uid = user_of_uid or _user_name
+        self.user_of_uid = user_of_uid or user_name
 
     def reason(self, info):
         """Why ``info`` must not be signalled, or None when it may be."""
@@ -165,28 +211,21 @@ class Protection(object):
         if user is not None and user in self.protect_users:
             return 'protected user %s (protect_users)' % user
         if self.euid != 0 and info.uid != self.euid:
-            return 'owned by %s; a non-root caller may only signal its own processes' % (user or info.uid)
+            return 'owned by %s; a non-root caller may only signal its own processes' % (user or 'an unknown user')
         return None
-
-
-def _user_name(uid):
-    try:
-        import pwd  # pylint: disable=import-outside-toplevel
-        return pwd.getpwuid(uid).pw_name
-    except (KeyError, ImportError):
-        return str(uid)
 
 
 def is_same(pid, starttime, proc_root='/proc'):
     """True while ``pid`` still names the process that started at ``starttime`` and is not a zombie."""
     info = read_proc(pid, proc_root)
-    return info is not None and info.starttime == starttime and info.state not in ('Z', 'X', 'x')
+    return info is not None and info.starttime == starttime and not info.dead
 
 
 def send_signal(pid, starttime, signum, proc_root='/proc'):
     """Signal (pid, starttime) if and only if it is still that process.
 
-    Returns 'sent', 'gone' (exited or reaped) or 'reused' (the pid now names another process).
+    Returns 'sent', 'gone' (exited or reaped), 'reused' (the pid now names another process) or
+    'denied' (the kernel refused: another user's process).
     """
     pidfd = None
     if hasattr(os, 'pidfd_open') and hasattr(signal, 'pidfd_send_signal'):
@@ -197,8 +236,10 @@ def send_signal(pid, starttime, signum, proc_root='/proc'):
                 return 'gone'
             pidfd = None  # kernel without pidfd (ENOSYS), or a seccomp filter: fall back below
     try:
+        # With a pidfd the check below looks at the very process the pidfd pins: if the pid is
+        # reused after this point, pidfd_send_signal fails with ESRCH instead of hitting the new one.
         info = read_proc(pid, proc_root)
-        if info is None or info.state in ('Z', 'X', 'x'):
+        if info is None or info.dead:
             return 'gone'
         if info.starttime != starttime:
             return 'reused'
@@ -209,6 +250,8 @@ def send_signal(pid, starttime, signum, proc_root='/proc'):
                 os.kill(pid, signum)
         except ProcessLookupError:
             return 'gone'
+        except PermissionError:
+            return 'denied'
         return 'sent'
     finally:
         if pidfd is not None:
@@ -242,62 +285,83 @@ def _round(value):
     return None if value is None else round(value, 3)
 
 
+def signal_name(signum):
+    return signal.Signals(signum).name
+
+
 def terminate(victims, signum=signal.SIGTERM, timeout=10.0, force=False, kill_timeout=5.0, check_mode=False,
               proc_root='/proc', clock=time.monotonic, sleep=time.sleep, poll=0.05):
     """Signal every victim at once, wait for all of them together, escalate survivors to SIGKILL.
 
     Victims are signalled back to back (not one wait after another), so 20 processes take about as
-    long as the slowest.  In check mode nothing is sent and every victim is reported as it would
-    be.  Each victim ends as ``killed`` (exited, or exited by itself during the run), or
-    ``failed`` with the reason.  Returns the victims.
+    long as the slowest.  Victims whose ``outcome`` is already set are left alone.  In check mode
+    nothing is sent and every victim is reported with the signals a real run would send
+    (SIGKILL listed only with ``force``, for a process that outlives ``timeout``).  Each victim
+    ends as ``killed`` (exited, or exited by itself during the run), ``failed`` with the reason,
+    or ``skipped`` (its pid was reused before the signal).  Returns the victims.
     """
+    todo = [victim for victim in victims if victim.outcome is None]
+    escalate = force and signum != signal.SIGKILL
     if check_mode:
-        for victim in victims:
+        for victim in todo:
             victim.outcome = 'killed'
-            victim.signals = [signal.Signals(signum).name] + (['SIGKILL'] if force else [])
+            victim.signals = [signal_name(signum)] + (['SIGKILL'] if escalate else [])
             victim.reason = 'would be signalled (check mode)'
         return victims
     start = clock()
-    pending = []
-    for victim in victims:
-        status = send_signal(victim.pid, victim.starttime, signum, proc_root)
-        if status == 'sent':
-            victim.signals.append(signal.Signals(signum).name)
-            pending.append(victim)
-        elif status == 'gone':
-            victim.outcome, victim.reason, victim.exit_seconds = 'killed', 'exited by itself before the signal', 0.0
-        else:
-            victim.outcome, victim.reason = 'skipped', 'pid %d was reused by another process since discovery' % victim.pid
+    pending = _signal_all(todo, signum, start, clock, proc_root, 'the signal')
     pending = _wait_exit(pending, start, timeout, proc_root, clock, sleep, poll)
-    if pending and force:
+    if pending and escalate:
         killed_at = clock()
-        survivors = []
-        for victim in pending:
-            status = send_signal(victim.pid, victim.starttime, signal.SIGKILL, proc_root)
-            if status == 'sent':
-                victim.signals.append('SIGKILL')
-                survivors.append(victim)
-            elif status == 'gone':
-                victim.outcome, victim.exit_seconds = 'killed', clock() - start
-            else:
-                victim.outcome, victim.reason = 'skipped', 'pid %d was reused by another process before SIGKILL' % victim.pid
-        pending = _wait_exit(survivors, killed_at, kill_timeout, proc_root, clock, sleep, poll, base=start)
+        pending = _signal_all(pending, signal.SIGKILL, start, clock, proc_root, 'SIGKILL')
+        pending = _wait_exit(pending, killed_at, kill_timeout, proc_root, clock, sleep, poll, base=start)
     for victim in pending:
         info = read_proc(victim.pid, proc_root)
         victim.outcome = 'failed'
         if info is not None and info.state == 'D':
-            victim.reason = 'still running in uninterruptible sleep (D state) inside the driver; a GPU reset or a reboot may be needed'
-        elif force:
-            victim.reason = 'still running %.1f s after SIGKILL' % kill_timeout
+            victim.reason = ('still running in uninterruptible sleep (D state), probably inside the driver; '
+                             'a GPU reset or a reboot may be needed')
+        elif escalate or signum == signal.SIGKILL:
+            victim.reason = 'still running %.1f s after SIGKILL' % (kill_timeout if escalate else timeout)
         else:
-            victim.reason = 'still running %.1f s after %s; use force=true to send SIGKILL' % (timeout, signal.Signals(signum).name)
+            victim.reason = 'still running %.1f s after %s; use force=true to send SIGKILL' % (timeout, signal_name(signum))
     return victims
+
+
+def _signal_all(victims, signum, start, clock, proc_root, what):
+    """Send ``signum`` to each victim back to back; returns those that received it."""
+    sent = []
+    for victim in victims:
+        status = send_signal(victim.pid, victim.starttime, signum, proc_root)
+        if status == 'sent':
+            victim.signals.append(signal_name(signum))
+            sent.append(victim)
+        elif status == 'gone':
+            victim.outcome, victim.exit_seconds = 'killed', clock() - start
+            if not victim.signals:
+                victim.reason = 'exited by itself before the signal'
+        elif status == 'denied':
+            victim.outcome = 'failed'
+            victim.reason = 'the kernel refused %s (operation not permitted): another user\'s process' % signal_name(signum)
+        else:
+            victim.outcome = 'skipped'
+            victim.reason = 'pid %d was reused by another process before %s; not signalled' % (victim.pid, what)
+    return sent
+
+
+def _intervals(poll):
+    """Poll intervals: a few quick looks first (most processes exit within milliseconds), then ``poll``."""
+    interval = min(0.001, poll)
+    while True:
+        yield interval
+        interval = min(poll, interval * 2)
 
 
 def _wait_exit(pending, since, timeout, proc_root, clock, sleep, poll, base=None):
     """Poll until every pending victim is gone or ``timeout`` passed; returns the survivors."""
     base = since if base is None else base
     deadline = since + timeout
+    intervals = _intervals(poll)
     while pending:
         now = clock()
         still = []
@@ -310,7 +374,7 @@ def _wait_exit(pending, since, timeout, proc_root, clock, sleep, poll, base=None
         pending = still
         if not pending or now >= deadline:
             break
-        sleep(poll)
+        sleep(min(next(intervals), max(0.0, deadline - now)))
     return pending
 
 
@@ -319,28 +383,31 @@ def wait_release(expected, probe, timeout=15.0, clock=time.monotonic, sleep=time
 
     ``expected`` maps a GPU key to ``{'pids': set of pids that must leave the driver's lists,
     'before_mib': used MiB before the kill (or None), 'held_mib': MiB those pids held (or None)}``.
-    ``probe()`` returns ``{gpu key: (used_mib or None, set of listed pids)}`` from a fresh driver
-    read.  A GPU counts as released when none of its pids is listed any more and its used memory
-    has dropped by what they held (when both are known).  Returns ``{gpu key: {'released': bool,
+    ``probe()`` returns ``{gpu key: (used_mib or None, set of listed pids or None)}`` from a fresh
+    driver read.  A GPU counts as released when its process list was read and lists none of its
+    pids any more, and its used memory has dropped by what they held (when both are known).  A GPU
+    missing from the view, or whose process list could not be read, is never called released.  Returns ``{gpu key: {'released': bool,
     'seconds': float or None, 'freed_mib': int or None, 'unreleased_mib': int}}``.
     """
     start = clock()
     deadline = start + timeout
+    intervals = _intervals(poll)
     result = {key: {'released': False, 'seconds': None, 'freed_mib': None, 'unreleased_mib': 0} for key in expected}
     while True:
-        now = clock()
         view = probe()
+        now = clock()  # after the read: the memory is confirmed free no earlier than this
         waiting = False
         for key, want in expected.items():
             entry = result[key]
-            used, listed = view.get(key, (None, set()))
+            used, listed = view.get(key, (None, None))
             before, held = want.get('before_mib'), want.get('held_mib')
             if before is not None and used is not None:
                 entry['freed_mib'] = max(0, int(round(before - used)))
             if entry['released']:
                 continue
             target = None if before is None or held is None else before - held
-            done = not (set(want['pids']) & set(listed)) and (target is None or used is None or used <= target + 0.5)
+            gone = listed is not None and not set(want['pids']) & set(listed)
+            done = gone and (target is None or used is None or used <= target + 0.5)
             if done:
                 entry['released'], entry['seconds'] = True, now - start
             else:
@@ -351,7 +418,7 @@ def wait_release(expected, probe, timeout=15.0, clock=time.monotonic, sleep=time
                     entry['unreleased_mib'] = int(held)
         if not waiting or now >= deadline:
             break
-        sleep(poll)
+        sleep(min(next(intervals), max(0.0, deadline - now)))
     for entry in result.values():
         if entry['released']:
             entry['unreleased_mib'] = 0

@@ -91,6 +91,10 @@ class DriverProcess:
     # SM utilization (percent) from the driver's per-process samples; None when the driver has
     # no per-process figure (call not supported, no permission, error).
     util_pct: Optional[int] = None
+    # The process name as the driver reports it (amdsmi, ioreg); None when it reports none.
+    name: Optional[str] = None
+    # System memory (GTT) the process's GPU buffers use, MiB (amdgpu, xe, i915); None when unknown.
+    system_mib: Optional[int] = None
 
     @property
     def type(self):

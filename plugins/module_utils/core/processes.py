@@ -115,20 +115,25 @@ def read_starttime(pid, proc_root='/proc'):
         return None
 
 
-def match_device(target, dev_roots=DEFAULT_DEV_ROOTS):
+def resolve_dev_roots(dev_roots):
+    """``dev_roots`` or, when None, the module-level DEFAULT_DEV_ROOTS (read at call time: a test seam)."""
+    return tuple(dev_roots) if dev_roots else DEFAULT_DEV_ROOTS
+
+
+def match_device(target, dev_roots=None):
     """Return ``target`` (an fd link target) if it is a GPU device file under one of ``dev_roots``."""
     if target.endswith(' (deleted)'):
         return None
-    for root in dev_roots:
+    for root in resolve_dev_roots(dev_roots):
         prefix = root.rstrip('/') + '/'
         if target.startswith(prefix) and DEVICE_RE.match(target[len(prefix):]):
             return target
     return None
 
 
-def device_key(path, dev_roots=DEFAULT_DEV_ROOTS):
+def device_key(path, dev_roots=None):
     """Which GPU a device file names: ('nvidia', minor), ('renderD', n), ('card', n), or None (shared)."""
-    for root in dev_roots:
+    for root in resolve_dev_roots(dev_roots):
         prefix = root.rstrip('/') + '/'
         if path.startswith(prefix):
             rel = path[len(prefix):]
@@ -141,8 +146,8 @@ def device_key(path, dev_roots=DEFAULT_DEV_ROOTS):
     return None
 
 
-def scan_device_fds(proc_root='/proc', dev_roots=DEFAULT_DEV_ROOTS, exclude=()):
-    """Walk ``<proc_root>/*/fd`` once.
+def scan_device_fds(proc_root='/proc', dev_roots=None, exclude=(), pids=None):
+    """Walk ``<proc_root>/*/fd`` once (only the fds of ``pids`` when given).
 
     Returns (holders: {pid: sorted device paths}, readable: set of pids whose fds were read,
     denied: number of processes whose fds we may not read).
@@ -151,10 +156,14 @@ def scan_device_fds(proc_root='/proc', dev_roots=DEFAULT_DEV_ROOTS, exclude=()):
     readable = set()
     denied = 0
     exclude = set(exclude)
-    try:
-        entries = os.listdir(proc_root)
-    except OSError:
-        return holders, readable, denied
+    dev_roots = resolve_dev_roots(dev_roots)
+    if pids is not None:
+        entries = [str(int(pid)) for pid in pids]
+    else:
+        try:
+            entries = os.listdir(proc_root)
+        except OSError:
+            return holders, readable, denied
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -206,12 +215,49 @@ def _boot_time(proc_root):
     return None
 
 
-def _username(uid):
+def user_name(uid):
+    """The login name of ``uid``, or the number as text when it has none."""
     try:
         import pwd  # pylint: disable=import-outside-toplevel
         return pwd.getpwuid(uid).pw_name
     except (ImportError, KeyError):
         return str(uid)
+
+
+def read_proc_files(pid, proc_root='/proc', cmdline_limit=None):
+    """Read /proc/PID directly: ``{'stat': parse_stat(), 'uid': real uid, 'cmdline': [...], 'exe': path}``.
+
+    None when the process does not exist (or its stat cannot be parsed).  ``uid``, ``cmdline`` and
+    ``exe`` are None when they cannot be read (``exe`` needs ptrace access to other users' processes).
+    ``cmdline_limit`` bounds the bytes read from the command line.
+    """
+    base = os.path.join(proc_root, str(pid))
+    try:
+        stat = parse_stat(_read_text(os.path.join(base, 'stat')))
+    except (OSError, ValueError, IndexError):
+        return None
+    uid = None
+    try:
+        for line in _read_text(os.path.join(base, 'status')).splitlines():
+            if line.startswith('Uid:'):
+                uid = int(line.split()[1])
+                break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(os.path.join(base, 'cmdline'), 'rb') as handle:
+            raw = handle.read(cmdline_limit) if cmdline_limit else handle.read()
+        parts = raw.decode('utf-8', 'replace').split('\x00')
+        if parts and parts[-1] == '':
+            parts = parts[:-1]
+        cmdline = parts
+    except OSError:
+        cmdline = None
+    try:
+        exe = os.readlink(os.path.join(base, 'exe'))
+    except OSError:
+        exe = None
+    return {'stat': stat, 'uid': uid, 'cmdline': cmdline, 'exe': exe}
 
 
 # ---------------------------------------------------------------------------- the inventory
@@ -249,12 +295,15 @@ class ProcessInventory(object):
 
     ``use_psutil``: None = psutil when importable and proc_root is /proc; False = /proc files only.
     ``exclude_pids``: never reported as holders (default: this process).
+    ``scan_holders``: walk every process's fds to find holders the driver does not list; when
+    False only the wanted pids' fds are read (their ``device_paths``), which is much cheaper.
     """
 
     PSUTIL_ATTRS = ('pid', 'ppid', 'name', 'exe', 'cmdline', 'username', 'uids', 'create_time', 'status')
 
-    def __init__(self, dev_roots=None, proc_root='/proc', use_psutil=None, exclude_pids=None, scan_fds=True):
-        self.dev_roots = tuple(dev_roots) if dev_roots else DEFAULT_DEV_ROOTS
+    def __init__(self, dev_roots=None, proc_root='/proc', use_psutil=None, exclude_pids=None, scan_fds=True,
+                 scan_holders=True):
+        self.dev_roots = resolve_dev_roots(dev_roots)
         self.proc_root = proc_root
         if use_psutil is None:
             use_psutil = HAS_PSUTIL and os.path.abspath(proc_root) == '/proc'
@@ -263,13 +312,15 @@ class ProcessInventory(object):
         self.use_psutil = use_psutil
         self.exclude_pids = set(exclude_pids) if exclude_pids is not None else {os.getpid()}
         self.scan_fds = scan_fds
+        self.scan_holders = scan_holders
         self._btime = None
 
     def scan(self, pids=()):
         """One pass: fd scan of every process, then records for ``pids`` and every holder."""
         errors = []
         if self.scan_fds:
-            fd_holders, readable, denied = scan_device_fds(self.proc_root, self.dev_roots, self.exclude_pids)
+            only = None if self.scan_holders else pids
+            fd_holders, readable, denied = scan_device_fds(self.proc_root, self.dev_roots, self.exclude_pids, only)
         else:
             fd_holders, readable, denied = {}, set(), 0
         wanted = set(int(p) for p in pids) | set(fd_holders)
@@ -327,33 +378,15 @@ class ProcessInventory(object):
         )
 
     def _record_proc(self, pid):
-        base = os.path.join(self.proc_root, str(pid))
-        try:
-            stat = parse_stat(_read_text(os.path.join(base, 'stat')))
-        except (OSError, ValueError, IndexError):
+        files = read_proc_files(pid, self.proc_root)
+        if files is None:
             return ProcessRecord(pid=pid)
+        stat = files['stat']
         rec = ProcessRecord(pid=pid, status=_STATES.get(stat['state'], stat['state']), name=stat['comm'],
-                            ppid=stat['ppid'], starttime=stat['starttime'])
-        try:
-            raw = _read_text(os.path.join(base, 'cmdline'))
-            parts = raw.split('\x00')
-            if parts and parts[-1] == '':
-                parts = parts[:-1]
-            rec.cmdline = parts
-        except OSError:
-            rec.cmdline = None
-        try:
-            for line in _read_text(os.path.join(base, 'status')).splitlines():
-                if line.startswith('Uid:'):
-                    rec.uid = int(line.split()[1])
-                    rec.user = _username(rec.uid)
-                    break
-        except (OSError, ValueError, IndexError):
-            pass
-        try:
-            rec.exe = os.readlink(os.path.join(base, 'exe'))
-        except OSError:
-            rec.exe = None
+                            ppid=stat['ppid'], starttime=stat['starttime'], uid=files['uid'], cmdline=files['cmdline'],
+                            exe=files['exe'])
+        if rec.uid is not None:
+            rec.user = user_name(rec.uid)
         if self._btime is None:
             self._btime = _boot_time(self.proc_root)
         if self._btime is not None:

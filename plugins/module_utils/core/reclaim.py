@@ -11,39 +11,67 @@ This is the single implementation behind gpu_kill, the reset drain and the guard
 
 from __future__ import annotations
 
+import math
 import os
 import signal as signals
 import time
 
 from . import audit_log, killer
+from .backends import select as select_backends
+from .errors import InvalidArgument
 from .idle import UtilizationHistory
-from .processes import device_key, scan_device_fds
-from .snapshot import DRM_RENDER_BASE, take_snapshot
+from .processes import device_key, resolve_dev_roots, scan_device_fds
+from .snapshot import DRM_RENDER_BASE, device_gpus, take_snapshot
 
 SIGNALS = ('TERM', 'INT', 'HUP', 'QUIT', 'KILL', 'USR1', 'USR2')
+EVENT = 'gpu_kill'
 
 
 def signal_number(name):
     return getattr(signals, 'SIG' + name)
 
 
+def _seconds(field, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InvalidArgument(field, value, 'expected a number of seconds')
+    if value < 0:
+        raise InvalidArgument(field, value, 'must not be negative')
+    return float(value)
+
+
+def _optional_path(field, value):
+    """An absolute path, or None for '', 'none' or None (the file is then not used)."""
+    if value is None or str(value).strip().lower() in ('', 'none', 'null'):
+        return None
+    if not os.path.isabs(value):
+        raise InvalidArgument(field, value, 'expected an absolute path on the node (or an empty value to disable it)')
+    return value
+
+
 class ReclaimOptions(object):
-    """How to signal, and what to protect.  Validated by the caller's argument spec."""
+    """How to signal, and what to protect.  Raises InvalidArgument naming the field for a bad value."""
 
     def __init__(self, signal='TERM', timeout=10.0, force=False, tree=True, release_timeout=15.0,
                  protect_names=killer.DEFAULT_PROTECT_NAMES, protect_users=(), vendor='auto',
-                 audit_path=None, history_path=None, kill_timeout=5.0):
+                 audit_path=None, history_path=None, kill_timeout=5.0, audit_field='audit_log',
+                 history_field='utilization_history'):
+        if signal not in SIGNALS:
+            raise InvalidArgument('signal', signal, 'expected one of %s' % ', '.join(SIGNALS))
         self.signal = signal
-        self.timeout = timeout
-        self.force = force
-        self.tree = tree
-        self.release_timeout = release_timeout
-        self.protect_names = protect_names
-        self.protect_users = protect_users
+        self.timeout = _seconds('timeout', timeout)
+        self.force = bool(force)
+        self.tree = bool(tree)
+        self.release_timeout = _seconds('release_timeout', release_timeout)
+        self.kill_timeout = _seconds('kill_timeout', kill_timeout)
+        self.protect_names = tuple(protect_names or ())
+        self.protect_users = tuple(protect_users or ())
         self.vendor = vendor
-        self.audit_path = audit_path
-        self.history_path = history_path
-        self.kill_timeout = kill_timeout
+        self.audit_path = _optional_path(audit_field, audit_path)
+        self.history_path = _optional_path(history_field, history_path)
+
+    def summary(self):
+        return {'signal': self.signal, 'timeout': self.timeout, 'force': self.force, 'tree': self.tree,
+                'release_timeout': self.release_timeout}
 
 
 def _describe(proc):
@@ -51,134 +79,232 @@ def _describe(proc):
             'gpu_indexes': list(getattr(proc, 'gpu_indexes', None) or []), 'used_mib': getattr(proc, 'used_mib', None)}
 
 
-def _skip(proc, reason, extra=None):
-    entry = _describe(proc)
+def _skip(record, reason):
+    entry = dict(record)
     entry.update({'signals': [], 'seconds_to_exit': None, 'seconds_to_release': None, 'reason': reason})
-    if extra:
-        entry.update(extra)
     return entry
 
 
-def plan(snapshot, selector, options, protection, idle_since=None):
-    """Decide, without signalling: returns (victims, skipped entries)."""
-    victims = []
-    skipped = []
-    chosen = set()
-    for match in selector.select(snapshot, idle_since=idle_since):
+class Plan(object):
+    """What plan() decided: ``victims`` (killer.Victim, some already ``killed`` because they exited by
+    themselves), ``skipped`` result entries, and the children of the victims left alone (tree=false)."""
+
+    def __init__(self):
+        self.victims = []
+        self.skipped = []
+        self.left_children = []
+
+    @property
+    def would_signal(self):
+        return [victim for victim in self.victims if victim.outcome is None]
+
+
+def plan(snapshot, selector, options, protection, idle_since=None, now=None, proc_root='/proc', dev_roots=None):
+    """Decide, without signalling: selection, then identity and protection for each match."""
+    result = Plan()
+    chosen = {}
+    for match in selector.select(snapshot, idle_since=idle_since, now=now):
         proc = match.proc
-        info = killer.read_proc(proc.pid)
-        if not match.orphan and proc.status == 'not_found':
-            skipped.append(_skip(proc, 'the driver lists pid %d but it is not visible here (another PID namespace, '
-                                       'such as a container without --pid=host); run this on the host' % proc.pid))
+        record = _describe(proc)
+        record['selected_because'] = match.reasons
+        if not match.orphan and not proc.found:
+            result.skipped.append(_skip(record, 'the driver lists pid %d but it is not visible here (another PID namespace, '
+                                                'such as a container without --pid=host): not signalled; run this on the '
+                                                'host' % proc.pid))
             continue
-        if info is None or info.state in ('Z', 'X', 'x'):
-            continue  # exited since the snapshot: nothing to do, not an error
+        info = killer.read_proc(proc.pid, proc_root)
+        if info is None or info.dead:
+            # Exited between the snapshot and now: gone, which is what was wanted; nothing is signalled.
+            victim = killer.Victim(proc.pid, proc.starttime, record=record)
+            victim.outcome, victim.exit_seconds = 'killed', 0.0
+            victim.reason = 'exited by itself before it was signalled'
+            result.victims.append(victim)
+            continue
         if proc.starttime is not None and info.starttime != proc.starttime:
-            skipped.append(_skip(proc, 'pid %d was reused by another process since discovery' % proc.pid))
+            result.skipped.append(_skip(record, 'pid %d was reused by another process since discovery: not signalled' % proc.pid))
             continue
         if not match.orphan and getattr(proc, 'holds_gpu_device', None) is False:
-            skipped.append(_skip(proc, 'pid %d here holds no GPU device file, so the driver\'s pid %d is probably a process '
-                                       'in another PID namespace' % (proc.pid, proc.pid)))
+            result.skipped.append(_skip(record, 'pid %d here holds no GPU device file, so the driver\'s pid %d is probably a '
+                                                'process in another PID namespace: not signalled' % (proc.pid, proc.pid)))
             continue
         why = protection.reason(info)
         if why is not None:
-            skipped.append(_skip(proc, why))
+            result.skipped.append(_skip(record, why))
             continue
-        record = _describe(proc)
-        record['selected_because'] = match.reasons
-        victims.append(killer.Victim(proc.pid, info.starttime, record=record))
-        chosen.add(proc.pid)
-    if options.tree and victims:
-        parents = dict((v.pid, v) for v in victims)
-        for pid in killer.children_of(sorted(parents)):
-            if pid in chosen:
-                continue
-            info = killer.read_proc(pid)
-            if info is None:
-                continue
-            parent = _root_of(pid, parents)
-            record = {'pid': pid, 'user': protection.user_of_uid(info.uid) if info.uid is not None else None, 'name': info.comm,
-                      'cmdline': [info.argv0] if info.argv0 else [], 'gpu_indexes': [], 'used_mib': None,
-                      'selected_because': ['child of selected pid %s (tree)' % parent]}
-            why = protection.reason(info)
-            if why is not None:
-                record.update({'signals': [], 'seconds_to_exit': None, 'seconds_to_release': None, 'reason': why})
-                skipped.append(record)
-                continue
-            victims.append(killer.Victim(pid, info.starttime, record=record, parent=parent))
-            chosen.add(pid)
-    return victims, skipped
+        victim = killer.Victim(proc.pid, info.starttime, record=record)
+        result.victims.append(victim)
+        chosen[proc.pid] = victim
+    live = [pid for pid, victim in chosen.items() if victim.outcome is None]
+    if not live:
+        return result
+    # Children are collected before the first signal: once a parent dies they are reparented.
+    children = killer.children_of(sorted(live), proc_root)
+    held = scan_device_fds(proc_root, dev_roots, pids=children)[0] if options.tree else {}
+    for pid in children:
+        if pid in chosen:
+            continue
+        info = killer.read_proc(pid, proc_root)
+        if info is None or info.dead:
+            continue
+        if not options.tree:
+            result.left_children.append(pid)
+            continue
+        parent = _selected_ancestor(pid, chosen, proc_root)
+        known = snapshot.process(pid)
+        if known is not None:
+            record = _describe(known)
+        else:
+            user = protection.user_of_uid(info.uid) if info.uid is not None else None
+            gpus = device_gpus(held.get(pid, ()), snapshot.all_devices, resolve_dev_roots(dev_roots))
+            record = {'pid': pid, 'user': user, 'name': info.comm, 'cmdline': list(info.cmdline or []), 'gpu_indexes': gpus,
+                      'used_mib': None}
+        record['selected_because'] = ['child of selected pid %s (tree)' % parent]
+        why = protection.reason(info)
+        if why is None and record['user'] in selector.exclude_users:
+            why = 'user %s is in exclude_users' % record['user']
+        if why is not None:
+            result.skipped.append(_skip(record, why))
+            continue
+        victim = killer.Victim(pid, info.starttime, record=record, parent=parent)
+        result.victims.append(victim)
+        chosen[pid] = victim
+    return result
 
 
-def _root_of(pid, parents):
-    """The selected ancestor of ``pid`` (bounded walk up the parent chain)."""
-    for ancestor in killer.ancestors(pid)[:64]:
-        if ancestor in parents:
+def _selected_ancestor(pid, chosen, proc_root):
+    """The nearest selected ancestor of ``pid`` (bounded walk up the parent chain)."""
+    for ancestor in killer.ancestors(pid, proc_root, limit=64):
+        if ancestor in chosen:
             return ancestor
     return None
 
 
-def _driver_view(vendor):
-    snap = take_snapshot(vendor=vendor, gather_processes=False)
-    return dict((dev.index, (dev.memory_used_mib, set(dev.pids))) for dev in snap.all_devices)
+class DriverProbe(object):
+    """``probe()`` for killer.wait_release: used MiB and listed pids per host-wide GPU index.
+
+    One library session stays open for the whole wait (initialising NVML can take long on real
+    hosts) and each read asks only for memory and process lists.
+    """
+
+    def __init__(self, vendor, snapshot):
+        self.selection = select_backends(vendor)
+        self.index = dict(((dev.vendor, dev.vendor_index), dev.index) for dev in snapshot.all_devices)
+
+    def __call__(self):
+        view = {}
+        for backend in self.selection.backends:
+            try:
+                readings = backend.memory_view()
+            except Exception:  # pylint: disable=broad-except
+                continue  # unknown: wait_release keeps waiting for these GPUs
+            for vendor_index, reading in readings.items():
+                key = self.index.get((backend.name, vendor_index))
+                if key is not None:
+                    view[key] = reading
+        return view
+
+    def close(self):
+        self.selection.close()
 
 
 def _expected_release(snapshot, victims):
+    """Per GPU: the pids that must leave the driver's lists and the MiB that must come back.
+
+    A listed process contributes its own figure.  Orphans (holders the driver does not list) are
+    what the GPU's unattributed (orphaned) memory consists of, so killing them must bring that back.
+    """
     expected = {}
+
+    def entry_for(index):
+        dev = snapshot.device(index)
+        return expected.setdefault(index, {'pids': set(), 'before_mib': dev.memory_used_mib if dev else None,
+                                           'held_mib': 0, 'orphaned': False})
+
     for victim in victims:
         if victim.outcome != 'killed':
             continue
         proc = snapshot.process(victim.pid)
-        if proc is None:
+        if proc is not None:
+            for index in proc.gpu_indexes:
+                entry = entry_for(index)
+                entry['pids'].add(victim.pid)
+                used = proc.used_mib_by_gpu.get(index)
+                entry['held_mib'] = None if used is None or entry['held_mib'] is None else entry['held_mib'] + used
             continue
-        for index in proc.gpu_indexes:
+        holder = snapshot.holder(victim.pid)
+        if holder is None or victim.parent is not None:
+            continue  # a tree child shares its parent's memory, which the parent's figure already counts
+        for index in holder.gpu_indexes:
+            entry = entry_for(index)
+            if entry['orphaned']:
+                continue
+            entry['orphaned'] = True
             dev = snapshot.device(index)
-            entry = expected.setdefault(index, {'pids': set(), 'before_mib': dev.memory_used_mib if dev else None, 'held_mib': 0})
-            entry['pids'].add(victim.pid)
-            used = proc.used_mib_by_gpu.get(index)
-            entry['held_mib'] = None if used is None or entry['held_mib'] is None else entry['held_mib'] + used
+            orphaned = dev.orphaned_mib if dev is not None else None
+            entry['held_mib'] = None if orphaned is None or entry['held_mib'] is None else entry['held_mib'] + orphaned
+    for entry in expected.values():
+        entry.pop('orphaned')
     return expected
 
 
-def _unreleased_cause(index, snapshot, victims):
+def _unreleased_cause(index, snapshot, victims, dev_roots, left_children):
     """The likely reason memory on GPU ``index`` did not come back."""
     dev = snapshot.device(index)
     holders = []
+    fds_denied = 0
     if dev is not None and dev.minor is not None:
         wanted = ('nvidia', dev.minor) if dev.vendor == 'nvidia' else ('renderD', DRM_RENDER_BASE + dev.minor)
-        fd_holders = scan_device_fds(exclude=[os.getpid()])[0]
-        holders = sorted(pid for pid, paths in fd_holders.items() if any(device_key(p) == wanted for p in paths))
+        fd_holders, _readable, fds_denied = scan_device_fds(dev_roots=dev_roots, exclude=[os.getpid()])
+        holders = sorted(pid for pid, paths in fd_holders.items() if any(device_key(p, dev_roots) == wanted for p in paths))
     if holders:
-        return 'process(es) %s still hold the GPU device (a child or a process outside the selection); kill them, or use tree=true' % (
-            ', '.join(str(p) for p in holders[:10]))
+        children = [pid for pid in holders if pid in left_children]
+        if children:
+            return ('child process(es) %s of a killed process still hold the GPU device (tree=false left them running); '
+                    'kill them too, or use tree=true' % ', '.join(str(p) for p in children[:10]))
+        return ('process(es) %s still hold the GPU device (outside the selection, or started meanwhile); '
+                'select them too' % ', '.join(str(p) for p in holders[:10]))
     stuck = []
     for victim in victims:
         info = killer.read_proc(victim.pid)
         if info is not None and info.state == 'D':
             stuck.append(str(victim.pid))
     if stuck:
-        return 'process(es) %s are stuck in D state inside the driver' % ', '.join(stuck)
-    return 'no process holds the device any more: the driver kept the memory (a leak); gpufleet.reclaim.gpu_reset clears it'
+        return 'process(es) %s are stuck in D state inside the driver; a GPU reset or a reboot may be needed' % ', '.join(stuck)
+    if fds_denied:
+        return ('no process whose open files could be read holds the GPU device (%d process(es) could not be checked; '
+                'run as root to check every one); otherwise the driver kept the memory (a leak), which '
+                'gpufleet.reclaim.gpu_reset clears' % fds_denied)
+    return ('no process holds the GPU device any more: the driver kept the memory (a leak, or a slow release); '
+            'gpufleet.reclaim.gpu_reset clears it')
 
 
-def reclaim(selector, options, check_mode=False, snapshot=None, now=None):
-    """Run one reclaim and return the result dictionary that gpu_kill returns."""
+def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_roots=None):
+    """Run one reclaim and return the result dictionary that gpu_kill returns.
+
+    Everything that can be invalid (GPUs named in the selector, options) is checked before any
+    signal.  ``snapshot`` and ``dev_roots`` are test seams (device roots default to
+    processes.DEFAULT_DEV_ROOTS, read at call time).
+    """
     started = time.monotonic()
     now = time.time() if now is None else now
+    dev_roots = resolve_dev_roots(dev_roots)
     warnings = []
+    if selector.idle_for is not None and not options.history_path:
+        raise InvalidArgument('utilization_history', options.history_path, 'idle_for needs a utilization history file')
     if snapshot is None:
-        snapshot = take_snapshot(vendor=options.vendor, gather_processes=True)
+        # Holders (every process's open files) are only needed to find orphans.
+        snapshot = take_snapshot(vendor=options.vendor, gather_processes=True, dev_roots=dev_roots,
+                                 scan_holders=selector.orphans)
+    selector.gpu_indexes(snapshot)  # an unknown GPU fails here, before anything is recorded or signalled
     idle_since = None
-    if selector.idle_for is not None and options.history_path:
-        history = UtilizationHistory(options.history_path).load().record(snapshot, now)
-        if history.warning:
-            warnings.append(history.warning)
-        error = history.save()
-        if error:
-            warnings.append(error)
+    if selector.idle_for is not None:
+        history = UtilizationHistory(options.history_path)
+        warnings.extend(history.update(snapshot, now))
         idle_since = history.idle_since(snapshot, selector.idle_util_pct)
     protection = killer.Protection(protect_names=options.protect_names, protect_users=options.protect_users)
-    victims, skipped = plan(snapshot, selector, options, protection, idle_since=idle_since)
+    decided = plan(snapshot, selector, options, protection, idle_since=idle_since, now=now, dev_roots=dev_roots)
+    victims = decided.victims
+    would_signal = len(decided.would_signal)
     killer.terminate(victims, signum=signal_number(options.signal), timeout=options.timeout, force=options.force,
                      kill_timeout=options.kill_timeout, check_mode=check_mode)
     release = {}
@@ -186,48 +312,65 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None):
     if not check_mode:
         expected = _expected_release(snapshot, victims)
         if expected:
-            release = killer.wait_release(expected, lambda: _driver_view(options.vendor), timeout=options.release_timeout)
+            probe = DriverProbe(options.vendor, snapshot)
+            try:
+                release = killer.wait_release(expected, probe, timeout=options.release_timeout)
+            finally:
+                probe.close()
         for index, entry in sorted(release.items()):
             for victim in victims:
                 proc = snapshot.process(victim.pid)
-                if proc is not None and index in proc.gpu_indexes and entry['seconds'] is not None:
+                on_gpu = proc is not None and index in proc.gpu_indexes
+                on_gpu = on_gpu or index in victim.record.get('gpu_indexes', ())
+                if on_gpu and entry['seconds'] is not None and victim.outcome == 'killed':
                     victim.release_seconds = max(victim.release_seconds or 0.0, entry['seconds'])
             if not entry['released']:
-                unreleased.append({'gpu': index, 'unreleased_mib': entry['unreleased_mib'],
-                                   'cause': _unreleased_cause(index, snapshot, victims)})
+                entry['cause'] = _unreleased_cause(index, snapshot, victims, dev_roots, decided.left_children)
+                unreleased.append({'gpu': index, 'unreleased_mib': entry['unreleased_mib'], 'cause': entry['cause']})
     killed = [v.as_result() for v in victims if v.outcome == 'killed']
     failed = [v.as_result() for v in victims if v.outcome == 'failed']
-    skipped.extend(v.as_result() for v in victims if v.outcome == 'skipped')
-    signalled = any(v.signals for v in victims) and not check_mode
+    skipped = decided.skipped + [v.as_result() for v in victims if v.outcome == 'skipped']
+    signalled = not check_mode and any(v.signals for v in victims)
     freed = dict((str(index), entry['freed_mib']) for index, entry in sorted(release.items()))
     result = {
-        'changed': bool(signalled) or (check_mode and bool(killed)),
+        'changed': signalled or (check_mode and would_signal > 0),
         'killed': killed,
         'skipped': skipped,
         'failed': failed,
         'freed_mib': freed,
+        'release': dict((str(index), {'released': entry['released'], 'freed_mib': entry['freed_mib'],
+                                      'seconds': entry['seconds'], 'unreleased_mib': entry['unreleased_mib']})
+                        for index, entry in sorted(release.items())),
         'unreleased': unreleased,
         'unreleased_mib': sum(u['unreleased_mib'] for u in unreleased),
         'seconds': round(time.monotonic() - started, 3),
         'warnings': warnings + list(snapshot.errors),
     }
-    verb = 'would kill' if check_mode else 'killed'
-    result['msg'] = '%s %d process(es), skipped %d, failed %d; freed %s MiB%s' % (
-        verb, len(killed), len(skipped), len(failed), sum(v or 0 for v in freed.values()),
-        '; %d MiB not released' % result['unreleased_mib'] if unreleased else '')
-    if options.audit_path and (killed or failed) and not check_mode:
+    result['msg'] = _message(check_mode, killed, skipped, failed, freed, result['unreleased_mib'])
+    if options.audit_path and signalled:
         try:
-            audit_log.append(options.audit_path, {'event': 'gpu_kill', 'actor': audit_log.actor(), 'selectors': selector_summary(selector),
-                                                  'killed': killed, 'failed': failed, 'skipped': skipped, 'freed_mib': freed,
-                                                  'unreleased': unreleased})
+            audit_log.append(options.audit_path, {
+                'event': EVENT, 'actor': audit_log.actor(), 'selectors': selector_summary(selector),
+                'options': options.summary(), 'killed': killed, 'failed': failed, 'skipped': skipped,
+                'freed_mib': freed, 'unreleased': unreleased, 'msg': result['msg']})
         except audit_log.AuditLogError as exc:
             result['warnings'].append(str(exc))
     return result
 
 
+def _message(check_mode, killed, skipped, failed, freed, unreleased_mib):
+    if check_mode:
+        return 'would kill %d process(es), skip %d; nothing was signalled (check mode)' % (len(killed), len(skipped))
+    text = 'killed %d process(es), skipped %d, failed %d; freed %d MiB' % (
+        len(killed), len(skipped), len(failed), sum(v or 0 for v in freed.values()))
+    if unreleased_mib:
+        text += '; %d MiB not released' % unreleased_mib
+    return text
+
+
 def selector_summary(selector):
     out = {}
-    for name in ('gpus', 'exclude_users', 'min_used_mib', 'idle_for', 'idle_util_pct', 'older_than', 'orphans', 'rogue',
+    for name in ('gpus', 'min_used_mib', 'idle_for', 'idle_util_pct', 'older_than', 'orphans', 'rogue',
                  'rogue_min_level', 'all_on_gpus'):
         out[name] = getattr(selector, name)
     out['pids'] = sorted(selector.pids) if selector.pids else None

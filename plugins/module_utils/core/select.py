@@ -20,6 +20,7 @@ import re
 import time
 
 from .errors import InvalidArgument
+from .snapshot import resolve_gpus
 from .units import parse_duration
 
 PRIMARY = ('pids', 'users', 'name', 'cmdline', 'min_used_mib', 'idle_for', 'older_than', 'orphans', 'rogue', 'all_on_gpus')
@@ -29,6 +30,15 @@ ROGUE_LEVELS = ('info', 'medium', 'high', 'critical')
 MAX_PATTERN = 512
 MAX_MATCH_TEXT = 32768
 _NESTED_QUANTIFIER = re.compile(r'\((?:[^()\\]|\\.)*[+*}](?:[^()\\]|\\.)*\)[+*{]')
+
+
+def _given(value):
+    """A selector counts as given unless it is None, False or empty (0 MiB is a given minimum)."""
+    if value is None or value is False:
+        return False
+    if isinstance(value, (list, tuple, set, dict, str)) and not value:
+        return False
+    return True
 
 
 def compile_regex(field, pattern):
@@ -62,7 +72,7 @@ class Selector(object):
                  rogue=False, rogue_min_level='critical', all_on_gpus=False, rogue_detector=None):
         given = dict(pids=pids, users=users, name=name, cmdline=cmdline, min_used_mib=min_used_mib, idle_for=idle_for,
                      older_than=older_than, orphans=orphans, rogue=rogue, all_on_gpus=all_on_gpus)
-        if not any(v not in (None, False, [], '') for v in given.values()):
+        if not any(_given(value) for value in given.values()):
             raise InvalidArgument('selectors', 'none', 'give at least one of %s; gpus and exclude_users only narrow a selection, '
                                   'and all_on_gpus=true empties whole GPUs' % ', '.join(PRIMARY))
         self.pids = None
@@ -102,16 +112,22 @@ class Selector(object):
                                   'select by name, cmdline, users or pids instead')
         self.rogue_detector = rogue_detector
 
+    def gpu_indexes(self, snapshot):
+        """Host-wide indexes of the GPUs named in ``gpus`` (None when not given).
+
+        Raises InvalidArgument naming the first value that matches no GPU of ``snapshot``.
+        """
+        if not self.gpus:
+            return None
+        return set(dev.index for dev in resolve_gpus(snapshot.all_devices, self.gpus))
+
     def select(self, snapshot, idle_since=None, now=None):
-        """The Matches in ``snapshot`` (GpuProcess entries, plus Holders when orphans=true).
+        """The Matches in ``snapshot`` (GpuProcess entries, or Holders when orphans=true).
 
         ``idle_since`` maps a pid to the time since which it has been idle (see idle.py), or is None.
         """
         now = time.time() if now is None else now
-        gpu_indexes = None
-        if self.gpus:
-            from .snapshot import resolve_gpus  # pylint: disable=import-outside-toplevel
-            gpu_indexes = set(dev.index for dev in resolve_gpus(snapshot.all_devices, self.gpus))
+        gpu_indexes = self.gpu_indexes(snapshot)
         rogue_findings = {}
         if self.rogue:
             rogue_findings = self.rogue_detector(snapshot, self.rogue_min_level)

@@ -49,9 +49,17 @@ class Snapshot(object):
         return None
 
     def process(self, pid):
+        """The GpuProcess (listed by the driver) with this pid, or None."""
         for proc in self.processes:
             if proc.pid == pid:
                 return proc
+        return None
+
+    def holder(self, pid):
+        """The Holder (holds GPU device files, not listed by the driver) with this pid, or None."""
+        for holder in self.holders:
+            if holder.pid == pid:
+                return holder
         return None
 
     def to_facts(self):
@@ -97,7 +105,7 @@ def resolve_gpus(devices, gpus):
     return sorted(wanted, key=lambda d: d.index)
 
 
-def _holder_gpus(paths, devices, dev_roots):
+def device_gpus(paths, devices, dev_roots):
     """Host-wide indexes of the GPUs that a holder's device files name (shared nodes name none)."""
     indexes = set()
     for path in paths:
@@ -118,12 +126,14 @@ def _holder_gpus(paths, devices, dev_roots):
 
 
 def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=None, factories=None,
-                  dev_roots=None, proc_root='/proc'):
+                  dev_roots=None, proc_root='/proc', scan_holders=True):
     """Read every selected backend and the process table once; return a Snapshot.
 
     vendor: ``auto`` (every backend whose library loads) or one of nvidia, amd, intel, apple.
     gpus: host-wide indexes or UUIDs to report (None = all); an unknown one raises InvalidArgument.
     gather_processes: join driver pids with the process table and scan fds for holders.
+    scan_holders: with gather_processes, also walk every process's fds for holders the driver does
+    not list (False: only the listed pids' fds are read and ``holders`` stays empty).
     inventory: a ProcessInventory (tests); else one is built from dev_roots / proc_root (test seams).
     factories: vendor -> callable returning a Backend (tests).
     """
@@ -156,14 +166,17 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
     fds_denied = 0
     if gather_processes:
         if inventory is None:
-            inventory = ProcessInventory(dev_roots=dev_roots, proc_root=proc_root)
+            inventory = ProcessInventory(dev_roots=dev_roots, proc_root=proc_root, scan_holders=scan_holders)
         by_pid = OrderedDict()
+        driver_names = {}
         for dev in selected:
             for dproc in dev.driver_processes:
                 proc = by_pid.get(dproc.pid)
                 if proc is None:
                     proc = by_pid[dproc.pid] = GpuProcess(pid=dproc.pid)
                 proc.add_gpu(dev.index, dproc.used_mib, dproc.types, dproc.util_pct)
+                if dproc.name:
+                    driver_names.setdefault(dproc.pid, dproc.name)
         listed_anywhere = set(p.pid for dev in all_devices for p in dev.driver_processes)
         result = inventory.scan(sorted(by_pid))
         errors.extend(result.errors)
@@ -171,10 +184,12 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
         for pid in sorted(by_pid):
             proc = by_pid[pid]
             proc.join(result.record(pid))
+            if proc.name is None:
+                proc.name = driver_names.get(pid)  # a pid this namespace does not show: the driver's name
             processes.append(proc)
         selected_indexes = set(dev.index for dev in selected)
         for holder in result.holders(listed_anywhere):
-            holder.gpu_indexes = _holder_gpus(holder.devices, all_devices, inventory.dev_roots)
+            holder.gpu_indexes = device_gpus(holder.devices, all_devices, inventory.dev_roots)
             if gpus is not None and holder.gpu_indexes and not selected_indexes.intersection(holder.gpu_indexes):
                 continue
             holders.append(holder)

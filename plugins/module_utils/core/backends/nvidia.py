@@ -15,10 +15,18 @@ Version differences handled here:
   ``NVMLLibraryMismatchError`` (not an NVMLError) when the driver lacks it; we then use ``_v2``.
 * ``usedGpuMemory`` is ``None`` when NVML says NVML_VALUE_NOT_AVAILABLE (WDDM, MIG without
   privilege); it stays ``None``.
+* Per-process utilization: ``nvmlDeviceGetProcessUtilization(handle, lastSeenTimeStamp)`` returns
+  the samples newer than ``lastSeenTimeStamp`` (microseconds); we ask for the last
+  ``PROCESS_UTIL_WINDOW_S`` seconds and keep each pid's highest SM figure.  The driver only keeps
+  samples of processes that did something, so NVML_ERROR_NOT_FOUND ("no sample newer than that")
+  and a listed pid without a sample both mean 0 %.  Not supported, no permission or any other
+  error leaves every listed process's figure unknown (``None``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import time
 import traceback
 
 from ..model import BackendStatus, Device, bytes_to_mib
@@ -32,6 +40,9 @@ except Exception:  # pylint: disable=broad-except
     PYNVML_IMPORT_ERROR = traceback.format_exc()
 
 NOT_INSTALLED = 'nvidia-ml-py (pynvml) is not installed'
+
+# How far back the per-process utilization samples are read (seconds).
+PROCESS_UTIL_WINDOW_S = 10.0
 
 _PROCESS_LISTS = (
     ('compute', 'nvmlDeviceGetComputeRunningProcesses'),
@@ -90,6 +101,7 @@ class NvidiaBackend(Backend):
             self.ResetRequired = getattr(nvml, 'NVMLError_ResetRequired', _Never)
             self.LibraryMismatch = getattr(nvml, 'NVMLLibraryMismatchError', _Never)
             self.ArgumentVersionMismatch = getattr(nvml, 'NVMLError_ArgumentVersionMismatch', _Never)
+            self.NotFound = getattr(nvml, 'NVMLError_NotFound', _Never)
 
     # ------------------------------------------------------------------ life cycle
     def probe(self):
@@ -223,6 +235,7 @@ class NvidiaBackend(Backend):
 
         self._read_health(dev, handle)
         self._read_processes(dev, handle)
+        self._read_process_utilization(dev, handle)
 
     def _read_memory(self, dev, handle):
         nvml = self.nvml
@@ -319,3 +332,136 @@ class NvidiaBackend(Backend):
             for proc in procs or []:
                 used = getattr(proc, 'usedGpuMemory', None)
                 dev.add_driver_process(int(proc.pid), bytes_to_mib(used), kind)
+
+    def _read_process_utilization(self, dev, handle):
+        """Fill ``util_pct`` of the listed processes from the driver's per-process samples."""
+        func = getattr(self.nvml, 'nvmlDeviceGetProcessUtilization', None)
+        if func is None or not dev.driver_processes:
+            return
+        since_us = int(max(0.0, time.time() - PROCESS_UTIL_WINDOW_S) * 1e6)
+        try:
+            samples = func(handle, since_us)
+        except self.GpuIsLost as exc:
+            raise _GpuLost(exc)
+        except self.NotFound:
+            samples = []  # no process did anything since since_us: every listed one is at 0 %
+        except (self.NotSupported, self.FunctionNotFound, self.NoPermission):
+            return
+        except self.NVMLError as exc:
+            dev.errors.append('could not read the per-process utilization: %s' % error_text(exc))
+            return
+        best = {}
+        for sample in samples or []:
+            pid = int(sample.pid)
+            best[pid] = max(best.get(pid, 0), int(sample.smUtil))
+        for proc in dev.driver_processes:
+            proc.util_pct = best.get(proc.pid, 0)
+
+    def memory_view(self):
+        """Used memory and listed pids only, for polling (see Backend.memory_view)."""
+        if not self._initialized:
+            return {}
+        view = {}
+        for i in range(self.nvml.nvmlDeviceGetCount()):
+            dev = Device(vendor=self.name, vendor_index=i)
+            try:
+                handle = self.nvml.nvmlDeviceGetHandleByIndex(i)
+                self._read_memory(dev, handle)
+                self._read_processes(dev, handle)
+            except Exception:  # pylint: disable=broad-except
+                view[i] = (None, None)  # lost or unreadable: nothing can be confirmed
+                continue
+            view[i] = (dev.memory_used_mib, set(dev.pids) if dev.processes_complete else None)
+        return view
+
+
+# ---------------------------------------------------------------------------- reset support
+# Used by core/reset.py.  Each call opens and closes its own short NVML session, because a GPU
+# reset needs this process's NVML session gone (open_sessions() must be 0 when nvidia-smi runs).
+_FABRIC_STATES = {0: 'not_supported', 1: 'not_started', 2: 'in_progress', 3: 'completed'}
+
+
+def open_sessions(nvml=None):
+    """nvmlInit() calls of this process that no nvmlShutdown() matched yet (pynvml's own count)."""
+    nvml = pynvml if nvml is None else nvml
+    return int(getattr(nvml, '_nvmlLib_refcount', 0) or 0) if nvml is not None else 0
+
+
+def _pci_info(nvml, bus_id):
+    """An nvmlPciInfo_t naming ``bus_id`` (DDDDDDDD:BB:DD.F), built without opening the device."""
+    domain, bus, rest = bus_id.split(':')
+    info = nvml.nvmlPciInfo_t()
+    info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest.split('.')[0], 16)
+    info.busId = bus_id.encode('ascii')
+    return info
+
+
+def _nvml_reason(backend, exc):
+    if isinstance(exc, (backend.FunctionNotFound, AttributeError)):
+        return 'not exposed by this driver'
+    if isinstance(exc, backend.NotSupported):
+        return 'not supported by this GPU or driver'
+    if isinstance(exc, backend.NoPermission):
+        return 'no permission (needs root)'
+    return error_text(exc)
+
+
+def drain(bus_id, enable=None, nvml=None):
+    """Query (``enable`` None) or set the NVML drain state of the GPU at PCI ``bus_id``.
+
+    Returns (state, error): the drain state (True/False) after the call, or None and the reason.
+    """
+    backend = NvidiaBackend(nvml=nvml)
+    if not backend.probe().available:
+        return None, backend.status.error
+    try:
+        info = _pci_info(backend.nvml, bus_id)
+        if enable is not None:
+            feature = getattr(backend.nvml, 'NVML_FEATURE_ENABLED' if enable else 'NVML_FEATURE_DISABLED', int(bool(enable)))
+            backend.nvml.nvmlDeviceModifyDrainState(info, feature)
+        return bool(backend.nvml.nvmlDeviceQueryDrainState(info)), None
+    except Exception as exc:  # pylint: disable=broad-except
+        return None, _nvml_reason(backend, exc)
+    finally:
+        backend.close()
+
+
+def reset_constraints(bus_id, nvml=None):
+    """What the driver says about NVLink and the NVSwitch fabric of the GPU at ``bus_id``.
+
+    Returns {'nvlink_active': number of active links or None, 'nvlink_error': why unknown,
+    'fabric_state': not_supported|not_started|in_progress|completed or None, 'fabric_error'}.
+    """
+    out = {'nvlink_active': None, 'nvlink_error': None, 'fabric_state': None, 'fabric_error': None}
+    backend = NvidiaBackend(nvml=nvml)
+    if not backend.probe().available:
+        out['nvlink_error'] = out['fabric_error'] = backend.status.error
+        return out
+    nvml = backend.nvml
+    try:
+        handle = nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+    except Exception as exc:  # pylint: disable=broad-except
+        out['nvlink_error'] = out['fabric_error'] = 'cannot open the GPU: %s' % _nvml_reason(backend, exc)
+        backend.close()
+        return out
+    try:
+        active = 0
+        for link in range(int(getattr(nvml, 'NVML_NVLINK_MAX_LINKS', 18))):
+            try:
+                active += 1 if nvml.nvmlDeviceGetNvLinkState(handle, link) else 0
+            except (backend.NotSupported, getattr(nvml, 'NVMLError_InvalidArgument', _Never)):
+                break  # no such link: the links are numbered from 0
+        out['nvlink_active'] = active
+    except Exception as exc:  # pylint: disable=broad-except
+        out['nvlink_error'] = _nvml_reason(backend, exc)
+    try:
+        info = nvml.c_nvmlGpuFabricInfo_t()
+        nvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+        out['fabric_state'] = _FABRIC_STATES.get(int(info.state), 'unknown (%d)' % int(info.state))
+    except Exception as exc:  # pylint: disable=broad-except
+        if isinstance(exc, backend.NotSupported):
+            out['fabric_state'] = 'not_supported'
+        else:
+            out['fabric_error'] = _nvml_reason(backend, exc)
+    backend.close()
+    return out

@@ -13,10 +13,13 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import core as _core
 
@@ -267,3 +270,210 @@ def shim_in_process(state_path, variant=''):
 
 def tempdir(prefix='gpufleet-test-'):
     return tempfile.mkdtemp(prefix=prefix)
+
+
+# ---------------------------------------------------------------------------- gpusim nodes
+def gpusim_path():
+    """tests/sim/gpusim, or None when the simulator is not there."""
+    base = sim_dir()
+    path = os.path.join(base, 'gpusim') if base else None
+    return path if path and os.path.isfile(path) else None
+
+
+needs_gpusim = pytest.mark.skipif(sim_build() is None or gpusim_path() is None,
+                                  reason='simulator not built: run `make sim` (tests/sim/build/libnvidia-ml.so.1 missing)')
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='needs root (gpusim spawn --user, running as another user)')
+
+
+class GpuSim(object):
+    """A simulated node for one test: its own state file and fake device directory in a temp dir.
+
+    Workloads are started with ``gpusim spawn`` (which prints their pids); ``close()`` runs
+    ``gpusim kill-all`` on this state only, so a test never signals anything it did not start.
+    The temp dir is 0755 so that a test may read the state as another user.
+    """
+
+    def __init__(self, gpus=2, release_delay_ms=0, init_args=()):
+        self.root = tempdir()
+        os.chmod(self.root, 0o755)
+        self.state = os.path.join(self.root, 'state.json')
+        self.dev = os.path.join(self.root, 'dev')
+        self.pids = []
+        self.gpusim('init', '--gpus', str(gpus), '--dev-dir', self.dev, '--create-dev-files',
+                    '--release-delay-ms', str(release_delay_ms), *init_args)
+
+    @property
+    def dev_roots(self):
+        return (self.dev,)
+
+    def env(self):
+        env = dict(os.environ)
+        env['GPU_SIM_STATE'] = self.state
+        return env
+
+    def gpusim(self, *args):
+        """Run ``gpusim ARGS`` on this state; returns stdout (raises AssertionError on failure)."""
+        proc = subprocess.run([sys.executable, gpusim_path()] + [str(a) for a in args], env=self.env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60, check=False)
+        if proc.returncode != 0:
+            command = ' '.join(map(str, args))
+            raise AssertionError('gpusim %s failed (%d): %s' % (command, proc.returncode, proc.stderr.decode(errors='replace')))
+        return proc.stdout.decode()
+
+    def spawn(self, gpu=0, mib=1024, argv=('python', 'train.py'), util=0, ignore_term=False, user=None, children=0):
+        """``gpusim spawn``; returns the pid it printed."""
+        args = ['spawn', '--gpu', gpu, '--mib', mib, '--util', util, '--children', children]
+        if ignore_term:
+            args.append('--ignore-term')
+        if user:
+            args += ['--user', user]
+        pid = int(self.gpusim(*(args + ['--'] + list(argv))).strip())
+        self.pids.append(pid)
+        return pid
+
+    def show(self):
+        return json.loads(self.gpusim('show'))
+
+    def entry(self, pid):
+        for entry in self.show()['processes']:
+            if entry['pid'] == pid:
+                return entry
+        raise AssertionError('pid %d is not in the simulator state' % pid)
+
+    def alive(self, pid):
+        """The simulator's liveness of a spawned pid (alive with its recorded starttime, no zombie)."""
+        return self.entry(pid)['alive']
+
+    def used_mib(self, gpu):
+        return self.show()['gpus'][gpu]['used_mib']
+
+    def children(self, pid):
+        """[(child pid, its starttime or None)] as gpusim recorded them for the workload ``pid``."""
+        entry = self.entry(pid)
+        return list(zip(entry['children'], entry.get('children_starttime') or [None] * len(entry['children'])))
+
+    def child_pids(self, pid):
+        """The pids of the children gpusim recorded for the workload ``pid`` (spawn --children)."""
+        return list(self.entry(pid)['children'])
+
+    def kill_all(self):
+        proc = subprocess.run([sys.executable, gpusim_path(), 'kill-all', '--timeout', '10'], env=self.env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60, check=False)
+        return proc.stdout.decode()
+
+    def close(self):
+        try:
+            self.kill_all()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def gpusim_node(**kwargs):
+    """A GpuSim whose fake NVML is loaded in this process for the duration (see shim_in_process)."""
+    node = GpuSim(**kwargs)
+    try:
+        with shim_in_process(node.state):
+            yield node
+    finally:
+        node.close()
+
+
+# ---------------------------------------------------------------------------- reclaim as another user
+_RECLAIM_RUNNER = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from core.reclaim import ReclaimOptions, reclaim
+from core.select import Selector
+args = json.loads(sys.argv[2])
+result = reclaim(Selector(**args['selector']), ReclaimOptions(**args['options']), check_mode=args['check_mode'],
+                 dev_roots=args['dev_roots'])
+json.dump(result, sys.stdout)
+'''
+
+
+def _as_user(user):
+    """subprocess keywords that drop to ``user``: its uid, its primary group and no other groups."""
+    import pwd  # pylint: disable=import-outside-toplevel
+    entry = pwd.getpwnam(user)
+    return {'user': entry.pw_uid, 'group': entry.pw_gid, 'extra_groups': []}
+
+
+def python_for_user(user):
+    """(interpreter, extra PYTHONPATH) that ``user`` can run with pynvml importable, or None.
+
+    This interpreter first; else the system python3 with pynvml's directory on its path (the
+    venv's interpreter may live under a directory other users cannot enter).
+    """
+    import pynvml  # pylint: disable=import-outside-toplevel
+    pynvml_dir = os.path.dirname(os.path.abspath(pynvml.__file__))
+    for exe, path in ((sys.executable, ''), ('/usr/bin/python3', pynvml_dir), ('/bin/python3', pynvml_dir)):
+        if not os.path.isfile(exe):
+            continue
+        env = {'PATH': '/usr/bin:/bin', 'PYTHONPATH': path}
+        try:
+            proc = subprocess.run([exe, '-c', 'import pynvml'], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=30, check=False, **_as_user(user))
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if proc.returncode == 0:
+            return exe, path
+    return None
+
+
+def run_reclaim_as(user, state_path, selector, options, dev_roots, check_mode=False):
+    """core.reclaim.reclaim() run by ``user`` (needs root) in a fresh Python whose NVML is the shim.
+
+    ``selector`` and ``options`` are keyword dictionaries for Selector and ReclaimOptions.
+    Returns the result dictionary.
+    """
+    found = python_for_user(user)
+    if found is None:
+        raise AssertionError('no Python interpreter that %s can run with pynvml' % user)
+    exe, path = found
+    env = shim_env(state_path)
+    env['PYTHONPATH'] = path
+    args = {'selector': selector, 'options': options, 'dev_roots': list(dev_roots), 'check_mode': check_mode}
+    proc = subprocess.run([exe, '-c', _RECLAIM_RUNNER, MODULE_UTILS_DIR, json.dumps(args)], env=env, cwd='/',
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120, check=False, **_as_user(user))
+    if proc.returncode != 0:
+        raise AssertionError('reclaim runner failed (%d): %s' % (proc.returncode, proc.stderr.decode(errors='replace')))
+    return json.loads(proc.stdout.decode())
+
+
+# ---------------------------------------------------------------------------- module main() runs
+class ExitJson(Exception):
+    """AnsibleModule.exit_json() was called; args[0] is the result."""
+
+
+class FailJson(Exception):
+    """AnsibleModule.fail_json() was called; args[0] is the result (with failed and msg)."""
+
+
+def patch_module_exits(monkeypatch):
+    """Make exit_json/fail_json raise ExitJson/FailJson instead of printing and exiting."""
+    from ansible.module_utils import basic  # pylint: disable=import-outside-toplevel
+
+    def exit_json(self, **kwargs):
+        raise ExitJson(kwargs)
+
+    def fail_json(self, msg, **kwargs):
+        kwargs.update(failed=True, msg=msg)
+        raise FailJson(kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, 'exit_json', exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, 'fail_json', fail_json)
+
+
+def run_main(main, args, check_mode=False, diff=False):
+    """A module's main() with ``args``; returns its result dict (``failed`` set when it failed)."""
+    from ansible.module_utils.testing import patch_module_args  # pylint: disable=import-outside-toplevel
+    args = dict(args)
+    if check_mode:
+        args['_ansible_check_mode'] = True
+    if diff:
+        args['_ansible_diff'] = True
+    with patch_module_args(args):
+        with pytest.raises((ExitJson, FailJson)) as exc:
+            main()
+    return exc.value.args[0]

@@ -6,6 +6,7 @@ raises pynvml's own exception classes (driver recovery actions, init failures, o
 
 from __future__ import annotations
 
+import time
 import types
 
 import pytest
@@ -154,3 +155,33 @@ def test_unversioned_process_list_missing_falls_back_to_v2_once():
     assert [(p.pid, p.used_mib) for p in dev0.driver_processes] == [(7, None)]
     assert dev0.processes_complete and dev1.processes_complete  # no MPS list at all is not an error
     assert dev0.compute_orphaned() is None
+
+
+def _sample(pid, sm):
+    return types.SimpleNamespace(pid=pid, timeStamp=1, smUtil=sm, memUtil=0, encUtil=0, decUtil=0)
+
+
+@pytest.mark.parametrize('util_call, expected', [
+    (lambda h, since: [_sample(100 + h, 40), _sample(100 + h, 75), _sample(999, 99)], 75),  # highest sample of the pid
+    (lambda h, since: [_sample(999, 50)], 0),                                              # listed, no sample: idle
+    (lambda h, since: raise_(pynvml.NVMLError_NotFound()), 0),                             # no sample newer than since
+    (lambda h, since: raise_(pynvml.NVMLError_NotSupported()), None),
+    (lambda h, since: raise_(pynvml.NVMLError_NoPermission()), None),
+    (lambda h, since: raise_(pynvml.NVMLError_Unknown()), None),
+    (None, None),                                                                          # pynvml without the call
+])
+def test_per_process_utilization(util_call, expected):
+    overrides = {} if util_call is None else {'nvmlDeviceGetProcessUtilization': util_call}
+    _status, (dev0, _dev1) = read(fake_nvml(**overrides))
+    assert dev0.driver_processes[0].util_pct == expected
+    assert dev0.health.status == 'ok'  # a missing per-process figure is no health problem
+
+
+def test_per_process_utilization_asks_for_recent_samples_only():
+    seen = []
+
+    def util(handle, since):
+        seen.append(since)
+        return []
+    read(fake_nvml(nvmlDeviceGetProcessUtilization=util))
+    assert seen and all(0 < (time.time() * 1e6 - since) / 1e6 < 60 for since in seen)

@@ -147,11 +147,11 @@ def test_tree_collects_children(spawn):
 
 def test_protection_rules(spawn):
     prot = killer.Protection(protect_names=['nv-hostengine'], protect_users=['root'] if os.geteuid() != 0 else ['nobody-at-all'])
-    assert 'never' in prot.reason(killer.read_proc(1) or killer.ProcInfo(1, 'init', 'S', 0, 1, 0, 1, 0, None, None))
+    assert 'never' in prot.reason(killer.read_proc(1) or killer.ProcInfo(1, 'init', 'S', 0, 1, 0, 1, 0, None, ['init']))
     assert 'itself' in prot.reason(killer.read_proc(os.getpid()))
     parent = killer.read_proc(os.getppid())
     assert prot.reason(parent) is not None
-    kthread = killer.ProcInfo(4242, 'kworker/0:1', 'I', 2, 0, killer.PF_KTHREAD, 100, 0, None, None)
+    kthread = killer.ProcInfo(4242, 'kworker/0:1', 'I', 2, 0, killer.PF_KTHREAD, 100, 0, None, [])
     assert prot.reason(kthread) == 'a kernel thread'
     disguised = spawn(['bash', '-c', 'exec -a nv-hostengine sleep 600'])
     time.sleep(0.2)
@@ -176,7 +176,7 @@ def test_non_root_caller_may_only_signal_own_processes(spawn):
 
 def test_protected_user():
     prot = killer.Protection(protect_names=[], protect_users=['svc'], user_of_uid=lambda uid: 'svc')
-    info = killer.ProcInfo(4242, 'python', 'S', 4000, 4242, 0, 100, 1234, '/usr/bin/python3', 'python')
+    info = killer.ProcInfo(4242, 'python', 'S', 4000, 4242, 0, 100, 1234, '/usr/bin/python3', ['python'])
     assert 'protect_users' in prot.reason(info)
 
 
@@ -214,3 +214,33 @@ def test_wait_release_reports_unreleased_memory_and_stops():
     assert result[0]['unreleased_mib'] == 4000
     assert result[0]['freed_mib'] == 4000
     assert clock.now <= 2.5
+
+
+def test_children_from_the_kernels_children_files(tmp_path):
+    """/proc/PID/task/TID/children (CONFIG_PROC_CHILDREN): only the asked-for trees are read."""
+    def children(pid, tid, kids):
+        path = tmp_path / str(pid) / 'task' / str(tid)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / 'children').write_text(' '.join(map(str, kids)) + (' ' if kids else ''))
+
+    children(os.getpid(), os.getpid(), [])      # the probe: this kernel has the files
+    children(100, 100, [101, 102])
+    children(100, 103, [104])                   # a second thread of 100 forked 104
+    children(101, 101, [105])
+    children(102, 102, [])
+    children(104, 104, [])
+    children(105, 105, [])
+    children(200, 200, [201])                   # another tree: never visited
+    assert sorted(killer.children_of([100], str(tmp_path))) == [101, 102, 104, 105]
+    assert killer.children_of([999], str(tmp_path)) == []
+
+
+def test_children_without_the_kernels_children_files(tmp_path):
+    def stat(pid, ppid):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / 'stat').write_text('%d (x y) S %d %d %d 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0\n'
+                                                  % (pid, ppid, pid, pid, 1000 + pid))
+    for pid, ppid in ((100, 1), (101, 100), (102, 101), (200, 1)):
+        stat(pid, ppid)
+    assert killer.children_of([100], str(tmp_path)) == [101, 102]
+    assert killer.ancestors(102, str(tmp_path)) == [101, 100, 1]

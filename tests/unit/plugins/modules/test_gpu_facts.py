@@ -10,9 +10,6 @@ import shutil
 
 import pytest
 
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
-
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_facts
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 
@@ -20,37 +17,15 @@ needs_sim = pytest.mark.skipif(h.sim_build() is None,
                                reason='simulator not built: run `make sim` (tests/sim/build/libnvidia-ml.so.1 missing)')
 
 
-class ExitJson(Exception):
-    pass
-
-
-class FailJson(Exception):
-    pass
-
-
 @pytest.fixture(autouse=True)
 def module_exits(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise ExitJson(kwargs)
-
-    def fail_json(self, msg, **kwargs):
-        kwargs.update(failed=True, msg=msg)
-        raise FailJson(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, 'exit_json', exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, 'fail_json', fail_json)
+    h.patch_module_exits(monkeypatch)
     monkeypatch.delenv('GPU_SIM_STATE', raising=False)
 
 
 def run_module(args, check_mode=False):
     """main() with ``args``; returns the result dict (``failed`` set when it failed)."""
-    args = dict(args)
-    if check_mode:
-        args['_ansible_check_mode'] = True
-    with patch_module_args(args):
-        with pytest.raises((ExitJson, FailJson)) as exc:
-            gpu_facts.main()
-    return exc.value.args[0]
+    return h.run_main(gpu_facts.main, args, check_mode=check_mode)
 
 
 @pytest.fixture
