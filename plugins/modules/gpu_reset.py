@@ -1,0 +1,419 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_reset
+short_description: Reset GPUs with every precondition checked, and prove that the reset worked
+version_added: 0.1.0
+description:
+  - Resets the GPUs named in O(gpus), every GPU (O(all=true)), or only the GPUs that need it (O(when_needed=true)) -
+    those whose health recommends a reset (lost GPU, uncorrected ECC errors, pending row remapping, the driver's
+    recovery action) or that hold more than O(orphan_threshold_mib) MiB of memory that no process accounts for.
+  - Before anything is touched, every precondition is checked per GPU and reported by name in
+    RV(resets[].preconditions) - C(vendor), C(root), C(tool), C(mig), C(nvlink), C(fabric_manager),
+    C(persistence_mode), C(nvml_session), C(services), C(blocking_clients), C(processes). A GPU with a failed
+    precondition is not touched, and its message says what to do; the other GPUs go on.
+  - NVIDIA - C(nvidia-smi --gpu-reset -i <PCI bus id>), with persistence mode switched off for the reset and restored
+    afterwards. MIG mode on is refused with instructions; NVLink and NVSwitch fabric state are checked where the driver
+    exposes them (else reported as C(not_exposed)).
+  - AMD - C(amdsmi_reset_gpu) through the amdsmi library, falling back to C(amd-smi reset --gpureset -g <BDF>).
+  - Intel - C(xpu-smi config -d <BDF> --reset) where xpu-smi is installed, else a PCI reset through
+    C(/sys/bus/pci/devices/<BDF>/reset).
+  - Apple GPUs cannot be reset; such a GPU fails with a clear message.
+  - After the reset the module waits up to O(verify_timeout) seconds until the GPU answers again, its health is
+    C(ok) and its orphaned memory is at most O(orphan_threshold_mib). Only then does it count as reset. Where the driver
+    reports no used memory at all (Intel without xpu-smi), the orphaned memory cannot be checked, and a warning says so.
+    RV(resets[].before) and RV(resets[].after) show the proof.
+  - A failure on one GPU does not stop the others; the task fails if any selected GPU failed, and
+    RV(failed_gpus) says which.
+  - Every GPU the module acted on is appended to the hash-chained JSON Lines audit log on the node (O(audit_log)),
+    in the same format as gpufleet.reclaim.gpu_kill.
+author:
+  - gpufleet.reclaim developers (!UNKNOWN)
+requirements:
+  - psutil
+  - root on the node
+  - nvidia-ml-py and nvidia-smi (for NVIDIA GPUs)
+  - amdsmi or amd-smi (for AMD GPUs)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpufleet.reclaim._attributes
+  - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Check mode evaluates every precondition and reports per GPU whether the reset would run
+        (RV(resets[].would_reset)), which preconditions pass or fail, and which processes would be terminated
+        (RV(resets[].would_kill)). It changes nothing - no signal, no service, no persistence mode, no reset.
+      - In check mode the task fails when a selected GPU would be refused, as the real run would.
+  diff_mode:
+    support: none
+  idempotent:
+    support: partial
+    details:
+      - With O(when_needed=true) the module is idempotent - once the GPUs are healthy a second run selects nothing and
+        reports no change.
+      - With O(gpus) or O(all=true) every run resets the GPUs again and reports a change.
+  platform:
+    support: full
+    platforms: posix
+options:
+  gpus:
+    description:
+      - Reset these GPUs, each a host-wide index (see gpufleet.reclaim.gpu_facts) or a UUID.
+      - With O(when_needed=true), only those of these GPUs that need a reset.
+      - A value that matches no GPU fails the task before anything is touched.
+      - Mutually exclusive with O(all).
+    type: list
+    elements: str
+  all:
+    description: Reset every GPU of the node.
+    type: bool
+    default: false
+  when_needed:
+    description:
+      - Reset only the GPUs whose health recommends a reset (RV(resets[].selected_because) says why) or that hold more than
+        O(orphan_threshold_mib) MiB of memory that no process accounts for.
+      - One of O(gpus), O(all=true) or O(when_needed=true) is required.
+    type: bool
+    default: false
+  orphan_threshold_mib:
+    description:
+      - Orphaned memory (used memory no listed process accounts for) above this many MiB makes O(when_needed=true) select
+        the GPU, and a reset only counts as verified when the orphaned memory is at most this much afterwards.
+      - Drivers older than 510 report the memory the driver reserves for itself as used, so it shows as orphaned;
+        keep the threshold above that reserve.
+    type: int
+    default: 1024
+  kill_processes:
+    description:
+      - Terminate the processes that use a GPU before resetting it, with the gpu_kill machinery (the same protection
+        rules - O(protect_names), O(protect_users), the module's own process tree; SIGTERM, then SIGKILL after
+        O(kill_timeout) seconds; children included).
+      - Without it a GPU with any process on it is refused, and the processes are named.
+    type: bool
+    default: false
+  kill_timeout:
+    description: Seconds between SIGTERM and SIGKILL when O(kill_processes=true).
+    type: float
+    default: 10
+  protect_names:
+    description:
+      - Processes with these names are never terminated; a GPU they use is refused.
+      - Replaces the default list; include the defaults to extend it.
+      - The blocking clients (C(nvidia-persistenced), C(nv-hostengine), C(dcgm-exporter), C(Xorg)) are never terminated
+        in any case; stop them with O(stop_services).
+    type: list
+    elements: str
+    default: [Xorg, X, Xwayland, gnome-shell, kwin_x11, kwin_wayland, gdm, gdm3, sddm, lightdm, WindowServer,
+              nvidia-persistenced, nv-hostengine, dcgm-exporter, dcgmi, nvidia-fabricmanager, sshd, systemd, init,
+              containerd, dockerd, kubelet, slurmd, slurmstepd]
+  protect_users:
+    description: Processes of these users are never terminated; a GPU they use is refused.
+    type: list
+    elements: str
+    default: []
+  stop_services:
+    description:
+      - Systemd units to stop before the reset (those that are active) and to start again afterwards, whatever happened,
+        for example V(nvidia-persistenced), V(nvidia-dcgm) or V(dcgm-exporter).
+      - The blocking clients are checked again after stopping them.
+    type: list
+    elements: str
+    default: []
+  drain:
+    description:
+      - Put each NVIDIA GPU into the NVML drain state (C(nvmlDeviceModifyDrainState)) while it is emptied and reset, so
+        that no new client can open it, and take it out again afterwards.
+      - Best effort - when the driver refuses (not supported, no permission) the module warns and resets without the
+        drain. The reset itself still refuses a GPU that is in use, so a missing drain cannot reset a busy GPU.
+      - A drain that was set and cannot be undone fails the GPU, with the command to undo it.
+    type: bool
+    default: false
+  verify_timeout:
+    description: Seconds to wait after the reset for the GPU to answer again with health C(ok) and no orphaned memory.
+    type: float
+    default: 60
+  vendor:
+    description: Which vendor library to read (V(auto) reads every one that loads).
+    type: str
+    default: auto
+    choices: [auto, nvidia, amd, intel, apple]
+  audit_log:
+    description: JSON Lines file on the node that each GPU the module acted on is appended to. An empty value disables it.
+    type: path
+    default: /var/log/gpufleet/actions.jsonl
+notes:
+  - The module's own NVML session is closed before any reset (the C(nvml_session) precondition asserts it).
+  - Blocking clients are found by the names of the processes that hold the GPU's device files or the shared
+    control device (C(/dev/nvidiactl)).
+  - The order for one GPU is - persistence mode off, drain, terminate the processes, reset, verify, undo the drain,
+    persistence mode back on. Stopped services are started again at the very end.
+seealso:
+  - module: gpufleet.reclaim.gpu_facts
+  - module: gpufleet.reclaim.gpu_kill
+"""
+
+EXAMPLES = r"""
+- name: Reset the GPUs that need it (leaked memory, lost GPU, ECC errors); a healthy node reports no change
+  gpufleet.reclaim.gpu_reset:
+    when_needed: true
+  become: true
+
+- name: Show what a reset of GPU 2 would do
+  gpufleet.reclaim.gpu_reset:
+    gpus: ["2"]
+    kill_processes: true
+  check_mode: true
+  become: true
+  register: plan
+
+- name: Empty and reset two GPUs, stopping the monitoring agents for the duration
+  gpufleet.reclaim.gpu_reset:
+    gpus: ["GPU-6f7c1a2b-0000-4000-8000-000000000000", "3"]
+    kill_processes: true
+    kill_timeout: 30
+    stop_services: [nvidia-dcgm, dcgm-exporter]
+    drain: true
+  become: true
+"""
+
+RETURN = r"""
+resets:
+  description: One entry per selected GPU, in index order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    index:
+      description: Host-wide GPU index.
+      type: int
+      returned: always
+    uuid:
+      description: GPU UUID, V(null) when the GPU does not answer.
+      type: str
+      returned: always
+    pci_bus_id:
+      description: PCI bus id, V(null) when the GPU does not answer.
+      type: str
+      returned: always
+    vendor:
+      description: V(nvidia), V(amd), V(intel) or V(apple).
+      type: str
+      returned: always
+    name:
+      description: Product name.
+      type: str
+      returned: always
+    selected_because:
+      description: Why the GPU was selected (with O(when_needed=true), the health reasons or the orphaned memory).
+      type: list
+      elements: str
+      returned: always
+    status:
+      description:
+        - V(reset) (done and verified), V(failed) (something went wrong after the module started to act),
+          V(refused) (a precondition failed; nothing was touched), or in check mode V(would_reset).
+      type: str
+      returned: always
+    would_reset:
+      description: Whether every precondition passed.
+      type: bool
+      returned: always
+    reset:
+      description: Whether the GPU was reset and verified.
+      type: bool
+      returned: always
+    preconditions:
+      description: Every precondition with its C(name), C(status) (pass, fail, warn, not_exposed, not_applicable) and C(detail).
+      type: list
+      elements: dict
+      returned: always
+    processes:
+      description: Processes that used the GPU at the check (pid, name, user, cmdline).
+      type: list
+      elements: dict
+      returned: always
+    blocking_clients:
+      description: Known clients that block a reset (C(client), C(unit), pid, name, devices).
+      type: list
+      elements: dict
+      returned: always
+    would_kill:
+      description: The processes O(kill_processes=true) terminates, as planned at the check.
+      type: list
+      elements: dict
+      returned: always
+    killed:
+      description: The processes that were terminated, as gpufleet.reclaim.gpu_kill reports them.
+      type: list
+      elements: dict
+      returned: always
+    method:
+      description: V(nvidia-smi), V(amdsmi), V(amd-smi), V(xpu-smi) or V(sysfs); V(null) when no reset ran.
+      type: str
+      returned: always
+    command:
+      description: The reset command as an argument list.
+      type: list
+      elements: str
+      returned: always
+    output:
+      description: What the reset command printed.
+      type: str
+      returned: always
+    persistence_mode:
+      description: NVIDIA persistence mode C(before) the reset, whether it was C(switched_off), and whether it was C(restored).
+      type: dict
+      returned: always
+    drain:
+      description: Whether the drain was C(requested), C(enabled), C(restored), and the C(detail).
+      type: dict
+      returned: always
+    before:
+      description: Memory used, orphaned memory, health, processes and persistence mode before the reset.
+      type: dict
+      returned: always
+    after:
+      description: The same after the reset (V(null) when no reset ran).
+      type: dict
+      returned: always
+    verified:
+      description: Whether the GPU answered with health C(ok) and orphaned memory at most O(orphan_threshold_mib).
+      type: bool
+      returned: always
+    seconds:
+      description: Time spent on this GPU.
+      type: float
+      returned: always
+    error:
+      description: Why the GPU failed or was refused, with what to do.
+      type: str
+      returned: always
+  sample:
+    - index: 1
+      uuid: GPU-3a6588f9-70db-f709-499d-076dde68e602
+      pci_bus_id: "00000000:0B:00.0"
+      vendor: nvidia
+      name: NVIDIA A100-SXM4-80GB
+      selected_because: ["4096 MiB of GPU memory held by no process (orphan_threshold_mib 1024)"]
+      status: reset
+      would_reset: true
+      reset: true
+      preconditions:
+        - {name: root, status: pass, detail: running as root}
+        - {name: mig, status: pass, detail: MIG mode is off}
+        - {name: nvlink, status: not_exposed, detail: "NVLink state: not exposed by this driver"}
+      method: nvidia-smi
+      command: [/usr/bin/nvidia-smi, --gpu-reset, -i, "00000000:0B:00.0"]
+      persistence_mode: {before: true, switched_off: true, restored: true}
+      before: {memory_used_mib: 4096, orphaned_mib: 4096}
+      after: {memory_used_mib: 0, orphaned_mib: 0}
+      verified: true
+      error: null
+reset_gpus:
+  description: Indexes of the GPUs that were reset and verified (in check mode, that would be reset).
+  returned: always
+  type: list
+  elements: int
+  sample: [1]
+failed_gpus:
+  description: Indexes of the GPUs that failed or were refused; the task fails when this is not empty.
+  returned: always
+  type: list
+  elements: int
+  sample: []
+services:
+  description: The O(stop_services) that were C(stopped), C(not_active), C(started) again, and any C(errors).
+  returned: always
+  type: dict
+seconds:
+  description: Wall time of the module's work.
+  returned: always
+  type: float
+msg:
+  description: One-line summary; on failure it names each failed GPU and what to do.
+  returned: always
+  type: str
+  sample: "reset 1 GPU(s): 1 (verified)"
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reset import TOOLS, Host, ResetOptions, reset
+
+
+def argument_spec():
+    return dict(
+        gpus=dict(type='list', elements='str'),
+        all=dict(type='bool', default=False),
+        when_needed=dict(type='bool', default=False),
+        orphan_threshold_mib=dict(type='int', default=1024),
+        kill_processes=dict(type='bool', default=False),
+        kill_timeout=dict(type='float', default=10.0),
+        protect_names=dict(type='list', elements='str', default=list(DEFAULT_PROTECT_NAMES)),
+        protect_users=dict(type='list', elements='str', default=[]),
+        stop_services=dict(type='list', elements='str', default=[]),
+        drain=dict(type='bool', default=False),
+        verify_timeout=dict(type='float', default=60.0),
+        vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
+        audit_log=dict(type='path', default='/var/log/gpufleet/actions.jsonl'),
+    )
+
+
+def build(params):
+    """ResetOptions from the module parameters; raises InvalidArgument."""
+    return ResetOptions(gpus=params['gpus'], all_gpus=params['all'], when_needed=params['when_needed'],
+                        orphan_threshold_mib=params['orphan_threshold_mib'], kill_processes=params['kill_processes'],
+                        kill_timeout=params['kill_timeout'], protect_names=params['protect_names'],
+                        protect_users=params['protect_users'], stop_services=params['stop_services'], drain=params['drain'],
+                        verify_timeout=params['verify_timeout'], vendor=params['vendor'], audit_path=params['audit_log'] or None)
+
+
+def make_host(module):
+    """The real host, with the tools found by get_bin_path and commands run by run_command (argument lists)."""
+    def runner(argv):
+        try:
+            return module.run_command(argv, handle_exceptions=False)
+        except OSError as exc:  # never fail_json half-way: the undo steps (persistence mode, drain, services) must run
+            return 127, '', '%s: %s' % (argv[0], exc)
+
+    tools = dict((name, module.get_bin_path(name)) for name in TOOLS)
+    return Host(tools=tools, runner=runner)
+
+
+def main():
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    if not HAS_PSUTIL:
+        module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
+    try:
+        options = build(module.params)
+        result = reset(options, make_host(module), check_mode=module.check_mode)
+    except InvalidArgument as exc:
+        module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
+    except GpuFleetError as exc:
+        module.fail_json(msg=str(exc))
+    except Exception as exc:  # pylint: disable=broad-except
+        module.fail_json(msg='gpu_reset failed: %s' % exc, exception=traceback.format_exc())
+    for warning in result.pop('warnings', []):
+        module.warn(warning)
+    if result['failed_gpus']:
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,166 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""gpu_reset main(): arguments, results, check mode and failures, against the simulator.
+
+SAFETY: get_bin_path is replaced so that the module only ever finds the simulator's fake
+nvidia-smi / amd-smi (tests/sim/bin) and the tests' fake systemctl, never a real tool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from ansible.module_utils import basic
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes
+from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_reset
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_reset import (  # noqa: F401 pylint: disable=unused-import
+    BUS, SIM_BIN, audit, blocker, by_index, check_of, gpu_state, node, systemctl_log)
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='the fake nvidia-smi resets only as root, like the real one')
+
+
+@pytest.fixture(autouse=True)
+def module_exits(monkeypatch):
+    h.patch_module_exits(monkeypatch)
+    monkeypatch.delenv('GPU_SIM_STATE', raising=False)
+
+
+@pytest.fixture(autouse=True)
+def fake_tools_only(monkeypatch):
+    """get_bin_path finds tools only in the simulator's bin and in ``dirs`` (a list the test may extend)."""
+    dirs = [SIM_BIN] if SIM_BIN else []
+
+    def get_bin_path(self, arg, required=False, opt_dirs=None):
+        for directory in dirs:
+            path = os.path.join(directory, arg)
+            if os.access(path, os.X_OK):
+                return path
+        if required:
+            self.fail_json(msg='Failed to find required executable "%s"' % arg)
+        return None
+
+    monkeypatch.setattr(basic.AnsibleModule, 'get_bin_path', get_bin_path)
+    return dirs
+
+
+def run_module(args, check_mode=False):
+    """main() with ``args``; returns the result dict (``failed`` set when it failed)."""
+    return h.run_main(gpu_reset.main, args, check_mode=check_mode)
+
+
+@pytest.fixture
+def sim(node, audit, monkeypatch):
+    """The simulated node (fake NVML loaded in this process); the fd scan looks at its temp device dir."""
+    monkeypatch.setattr(processes, 'DEFAULT_DEV_ROOTS', tuple(node.dev_roots))
+    node.audit = audit
+    return node
+
+
+def test_argument_spec_matches_the_documented_options():
+    doc = yaml.safe_load(gpu_reset.DOCUMENTATION)
+    spec = gpu_reset.argument_spec()
+    assert set(spec) == set(doc['options'])
+    for name, option in doc['options'].items():
+        assert spec[name].get('default') == option.get('default'), name
+        assert spec[name]['type'] == option['type'], name
+
+
+@pytest.mark.parametrize('args, field', [({}, 'gpus'), ({'gpus': ['0'], 'all': True}, 'all'),
+                                         ({'all': True, 'stop_services': ['-H host']}, 'stop_services')])
+def test_invalid_arguments_fail_naming_the_field(args, field):
+    result = run_module(args)
+    assert result['failed'] is True and result['field'] == field
+
+
+def test_missing_psutil_fails_with_missing_required_lib(monkeypatch):
+    monkeypatch.setattr(gpu_reset, 'HAS_PSUTIL', False)
+    monkeypatch.setattr(gpu_reset, 'PSUTIL_IMPORT_ERROR', 'Traceback: No module named psutil')
+    result = run_module({'all': True})
+    assert result['failed'] is True and 'psutil' in result['msg']
+
+
+def test_host_without_gpus_changes_nothing():
+    result = run_module({'when_needed': True, 'audit_log': ''})
+    assert not result.get('failed') and result['changed'] is False and result['resets'] == []
+    assert result['msg'] == 'no GPU needs a reset'
+
+
+@needs_root
+def test_when_needed_resets_the_leak_then_reports_no_change(sim):
+    sim.gpusim('leak', '--gpu', '2', '--mib', '8192')
+    first = run_module({'when_needed': True, 'audit_log': sim.audit})
+    assert not first.get('failed'), first['msg']
+    assert first['changed'] is True and first['reset_gpus'] == [2] and first['failed_gpus'] == []
+    gpu = first['resets'][0]
+    assert (gpu['index'], gpu['status'], gpu['verified']) == (2, 'reset', True)
+    assert gpu['before']['orphaned_mib'] == 8192 and gpu['after']['orphaned_mib'] == 0
+    assert gpu['command'] == [os.path.join(SIM_BIN, 'nvidia-smi'), '--gpu-reset', '-i', BUS[2]]
+    assert first['msg'] == 'reset 1 GPU(s): 2 (verified)'
+    second = run_module({'when_needed': True, 'audit_log': sim.audit})
+    assert second['changed'] is False and second['resets'] == [] and not second.get('failed')
+    assert gpu_state(sim, 2)['reset_count'] == 1 and gpu_state(sim, 2)['persistence'] is True
+
+
+@needs_root
+def test_check_mode_changes_nothing(sim):
+    sim.gpusim('leak', '--gpu', '0', '--mib', '4096')
+    pid = sim.spawn(gpu=0, mib=1024)
+    result = run_module({'gpus': ['0'], 'kill_processes': True, 'audit_log': sim.audit}, check_mode=True)
+    assert not result.get('failed') and result['changed'] is True
+    gpu = result['resets'][0]
+    assert gpu['status'] == 'would_reset' and [k['pid'] for k in gpu['would_kill']] == [pid] and gpu['command'] is None
+    state = gpu_state(sim, 0)
+    assert (state['leaked_mib'], state['reset_count'], state['persistence']) == (4096, 0, True)
+    assert sim.alive(pid) and not os.path.exists(sim.audit)
+
+
+@needs_root
+def test_a_live_process_fails_the_task_and_says_what_to_do(sim):
+    pid = sim.spawn(gpu=1, mib=1024)
+    result = run_module({'gpus': ['1', '2'], 'audit_log': sim.audit})
+    assert result['failed'] is True and result['failed_gpus'] == [1] and result['reset_gpus'] == [2]
+    assert 'GPU 1 (%s): processes: 1 process(es) use the GPU: pid %d' % (BUS[1], pid) in result['msg']
+    assert 'kill_processes: true' in result['msg']
+    assert by_index(result)[1]['status'] == 'refused' and sim.alive(pid)
+    assert gpu_state(sim, 2)['reset_count'] == 1
+
+
+@needs_root
+def test_kill_processes_empties_and_resets(sim):
+    pid = sim.spawn(gpu=1, mib=1024, children=1)
+    result = run_module({'gpus': [by_index(run_module({'gpus': ['1'], 'audit_log': ''}, check_mode=True))[1]['uuid']],
+                         'kill_processes': True, 'kill_timeout': 2, 'audit_log': sim.audit})
+    assert not result.get('failed'), result['msg']
+    assert pid in [k['pid'] for k in result['resets'][0]['killed']]
+    with open(sim.audit) as handle:
+        assert json.loads(handle.readline())['event'] == 'gpu_reset'
+
+
+@needs_root
+def test_missing_nvidia_smi_is_a_clear_error(sim, fake_tools_only):
+    del fake_tools_only[:]
+    sim.gpusim('leak', '--gpu', '0', '--mib', '4096')
+    result = run_module({'gpus': ['0'], 'audit_log': sim.audit})
+    assert result['failed'] is True and result['failed_gpus'] == [0]
+    assert 'tool: nvidia-smi was not found on PATH' in result['msg']
+    assert gpu_state(sim, 0)['leaked_mib'] == 4096
+
+
+@needs_root
+def test_stop_services_uses_systemctl_from_path(sim, blocker, fake_tools_only, monkeypatch):
+    fake_tools_only.append(blocker)
+    monkeypatch.setenv('PATH', blocker + os.pathsep + os.environ.get('PATH', ''))
+    refused = run_module({'gpus': ['0'], 'audit_log': sim.audit})
+    assert refused['failed'] is True and 'nv-hostengine' in refused['msg'] and 'stop_services: [nvidia-dcgm]' in refused['msg']
+    result = run_module({'gpus': ['0'], 'stop_services': ['nvidia-dcgm'], 'audit_log': sim.audit})
+    assert not result.get('failed'), result['msg']
+    assert result['services']['stopped'] == ['nvidia-dcgm'] and result['services']['started'] == ['nvidia-dcgm']
+    assert check_of(result['resets'][0], 'blocking_clients')['status'] == 'pass'
+    assert [entry[0] for entry in systemctl_log(blocker)] == ['is-active', 'stop', 'start']
