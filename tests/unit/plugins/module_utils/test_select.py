@@ -141,9 +141,12 @@ def test_older_than(node):
     old = node.spawn(0, 100)
     time.sleep(1.3)
     young = node.spawn(0, 100)
-    assert selected(node, older_than='1s') == [old]
-    assert selected(node, older_than='1h') == []
-    assert sorted(selected(node, older_than=0)) == sorted([old, young])
+    snap = snapshot(node)
+    # Judge ages at a fixed moment just after the young one started, so a loaded machine cannot age it.
+    now = snap.process(young).create_time + 0.5
+    assert [m.proc.pid for m in Selector(older_than='1s').select(snap, now=now)] == [old]
+    assert Selector(older_than='1h').select(snap, now=now) == []
+    assert sorted(m.proc.pid for m in Selector(older_than=0).select(snap, now=now)) == sorted([old, young])
 
 
 @needs_sim
@@ -204,7 +207,7 @@ def test_idle_for_needs_two_samples_far_enough_apart(node, tmp_path):
     matches = selector.select(second, idle_since=since)
     low = [p.pid for p in second.processes if p.util_pct == 3]
     assert sorted(m.proc.pid for m in matches) == sorted([idle] + low)
-    assert 'idle (<= 5% utilization) for 2s' in ' '.join(matches[0].reasons)
+    assert 'idle (<= 5% utilization) for ' in ' '.join(matches[0].reasons)
     # A stricter threshold drops the 3 % process; a longer window selects nothing yet.
     assert [m.proc.pid for m in Selector(idle_for='2s', idle_util_pct=0).select(
         second, idle_since=history.idle_since(second, 0))] == [idle]
