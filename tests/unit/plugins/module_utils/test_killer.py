@@ -15,7 +15,7 @@ import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import killer
 
-IGNORE_TERM = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'
+IGNORE_TERM = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print("ready", flush=True); time.sleep(600)'
 FORKER = 'import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        time.sleep(600); os._exit(0)\ntime.sleep(600)'
 
 
@@ -41,6 +41,13 @@ def spawn():
             except OSError:
                 pass
         proc.wait(timeout=10)
+
+
+def spawn_term_ignorer(spawn):
+    """A process that ignores SIGTERM, returned once its handler is installed (it says so)."""
+    proc = spawn([sys.executable, '-c', IGNORE_TERM], stdout=subprocess.PIPE, universal_newlines=True)
+    assert proc.stdout.readline().strip() == 'ready'
+    return proc
 
 
 def victim_for(proc):
@@ -76,8 +83,7 @@ def test_term_honouring_process_is_killed(spawn):
 
 
 def test_term_ignoring_process_survives_without_force(spawn):
-    proc = spawn([sys.executable, '-c', IGNORE_TERM])
-    time.sleep(0.3)  # let the interpreter install its handler
+    proc = spawn_term_ignorer(spawn)
     victims = killer.terminate([victim_for(proc)], timeout=0.5)
     assert victims[0].outcome == 'failed'
     assert 'force=true' in victims[0].reason
@@ -85,8 +91,7 @@ def test_term_ignoring_process_survives_without_force(spawn):
 
 
 def test_term_ignoring_process_is_killed_with_force(spawn):
-    proc = spawn([sys.executable, '-c', IGNORE_TERM])
-    time.sleep(0.3)
+    proc = spawn_term_ignorer(spawn)
     victims = killer.terminate([victim_for(proc)], timeout=0.5, force=True)
     assert victims[0].outcome == 'killed'
     assert victims[0].signals == ['SIGTERM', 'SIGKILL']
@@ -124,15 +129,29 @@ def test_check_mode_sends_nothing(spawn):
     assert proc.poll() is None
 
 
+class RecordingClock(object):
+    """A clock that advances only when the killer sleeps, so the test counts waits, not seconds."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+        time.sleep(0.001)
+
+
 def test_parallel_signalling_takes_the_slowest_not_the_sum(spawn):
-    procs = [spawn([sys.executable, '-c', IGNORE_TERM]) for _n in range(6)]
-    time.sleep(0.5)
-    started = time.monotonic()
-    victims = killer.terminate([victim_for(p) for p in procs], timeout=0.5, force=True)
-    elapsed = time.monotonic() - started
+    procs = [spawn_term_ignorer(spawn) for _n in range(6)]
+    clock = RecordingClock()
+    victims = killer.terminate([victim_for(p) for p in procs], timeout=0.5, force=True, clock=clock, sleep=clock.sleep)
     assert [v.outcome for v in victims] == ['killed'] * 6
-    # Sequential escalation would wait 6 x 0.5 s; all at once waits one timeout.
-    assert elapsed < 6 * 0.5
+    assert all(v.signals == ['SIGTERM', 'SIGKILL'] for v in victims)
+    # One shared TERM grace period for all six, not six grace periods back to back.
+    # Sequential escalation would wait at least 6 x 0.5 s of (fake) time.
+    assert 0.5 <= clock.now < 6 * 0.5
 
 
 def test_tree_collects_children(spawn):
