@@ -200,10 +200,12 @@ class Protection(object):
             return 'this is the reclaiming process itself'
         if info.pid in self.self_ancestors:
             return 'an ancestor of the reclaiming process'
-        if info.session == self.self_session:
-            return 'in the session of the reclaiming process'
         if info.kernel_thread:
             return 'a kernel thread'
+        # Session 0 means "the session leader lives outside this PID namespace" (a container's
+        # docker exec, CI runners): it groups unrelated processes, so it protects nothing.
+        if self.self_session > 0 and info.session == self.self_session:
+            return 'in the session of the reclaiming process'
         hit = sorted(info.names & self.protect_names)
         if hit:
             return 'protected name %s (protect_names)' % hit[0]

@@ -177,7 +177,13 @@ def test_protection_rules(spawn):
     assert 'protect_names' in prot.reason(killer.read_proc(disguised.pid))
     same_session = subprocess.Popen(['sleep', '600'])
     try:
-        assert 'session' in prot.reason(killer.read_proc(same_session.pid))
+        if os.getsid(0) > 0:
+            assert 'session' in prot.reason(killer.read_proc(same_session.pid))
+        # In a container whose session leader is outside the PID namespace every sid reads 0;
+        # that shared 0 must not protect (or expose) anything by itself.
+        prot.self_session = 0
+        zero_session = killer.ProcInfo(4343, 'python', 'S', 4000, 0, 0, 100, os.geteuid(), None, ['python'])
+        assert prot.reason(zero_session) is None
     finally:
         same_session.kill()
         same_session.wait()
