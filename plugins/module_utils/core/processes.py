@@ -151,12 +151,18 @@ def scan_device_fds(proc_root='/proc', dev_roots=None, exclude=(), pids=None):
 
     Returns (holders: {pid: sorted device paths}, readable: set of pids whose fds were read,
     denied: number of processes whose fds we may not read).
+
+    This is the hot loop of a full snapshot (10,000 processes, ~100,000 fds): each fd directory is
+    opened once and its links are read relative to it (no path walk per fd), and link targets are
+    rejected on their first characters before any regular expression runs.
     """
     holders = {}
     readable = set()
     denied = 0
     exclude = set(exclude)
-    dev_roots = resolve_dev_roots(dev_roots)
+    prefixes = tuple(root.rstrip('/') + '/' for root in resolve_dev_roots(dev_roots))
+    device_re_match = DEVICE_RE.match
+    readlink = os.readlink
     if pids is not None:
         entries = [str(int(pid)) for pid in pids]
     else:
@@ -170,27 +176,41 @@ def scan_device_fds(proc_root='/proc', dev_roots=None, exclude=(), pids=None):
         pid = int(entry)
         if pid in exclude:
             continue
-        fd_dir = os.path.join(proc_root, entry, 'fd')
         try:
-            fds = os.listdir(fd_dir)
+            dir_fd = os.open('%s/%s/fd' % (proc_root, entry), os.O_RDONLY | os.O_DIRECTORY)
         except PermissionError:
             denied += 1
             continue
         except OSError:  # gone (FileNotFoundError, ProcessLookupError) or not a process
             continue
-        found = set()
+        found = None
         complete = True
-        for fd in fds:
+        try:
             try:
-                target = os.readlink(os.path.join(fd_dir, fd))
+                fds = os.listdir(dir_fd)
             except PermissionError:
-                complete = False
+                denied += 1
                 continue
-            except OSError:  # the fd was closed meanwhile
+            except OSError:
                 continue
-            path = match_device(target, dev_roots)
-            if path is not None:
-                found.add(path)
+            for fd in fds:
+                try:
+                    target = readlink(fd, dir_fd=dir_fd)
+                except PermissionError:
+                    complete = False
+                    continue
+                except OSError:  # the fd was closed meanwhile
+                    continue
+                if not target.startswith(prefixes) or target.endswith(' (deleted)'):
+                    continue
+                for prefix in prefixes:
+                    if target.startswith(prefix) and device_re_match(target[len(prefix):]):
+                        if found is None:
+                            found = set()
+                        found.add(target)
+                        break
+        finally:
+            os.close(dir_fd)
         if complete:
             readable.add(pid)
         else:
@@ -198,6 +218,28 @@ def scan_device_fds(proc_root='/proc', dev_roots=None, exclude=(), pids=None):
         if found:
             holders[pid] = sorted(found)
     return holders, readable, denied
+
+
+SCHEDULER_DAEMONS = ('slurmd', 'kubelet')
+
+
+def scheduler_daemon(proc_root='/proc'):
+    """'slurmd' or 'kubelet' when one runs here, else None (one pass over the comm files)."""
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open('%s/%s/comm' % (proc_root, entry), 'rb') as handle:
+                comm = handle.read(64).decode('utf-8', 'replace').strip()
+        except OSError:
+            continue
+        if comm in SCHEDULER_DAEMONS:
+            return comm
+    return None
 
 
 def _read_text(path):

@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import rogue_rules as R
 from .errors import GpuFleetError, InvalidArgument, MissingLibrary
+from .processes import scheduler_daemon
 from .select import MAX_MATCH_TEXT, compile_regex
 from .select import _human  # one duration formatter for the core's messages
 
@@ -1553,20 +1554,7 @@ class FactsCollector(object):
         return False, None
 
     def _allocating_daemon(self):
-        try:
-            entries = os.listdir(self.proc_root)
-        except OSError:
-            return None
-        for entry in entries:
-            if not entry.isdigit():
-                continue
-            try:
-                comm = _read_bytes(os.path.join(self.proc_root, entry, 'comm'), 64).decode('utf-8', 'replace').strip()
-            except OSError:
-                continue
-            if comm in ('slurmd', 'kubelet'):
-                return comm
-        return None
+        return scheduler_daemon(self.proc_root)
 
     def facts_for(self, proc, snapshot, listed=True):
         """ProcessFacts of one snapshot entry (GpuProcess or Holder)."""

@@ -1,0 +1,455 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
+"""``gpufleet-guard``: the node agent (python3 and the vendor library; no Ansible).
+
+Run as ``python3 -m gpufleet_core.cli`` (the package installed by the gpufleet.reclaim.guard role)
+or through the launcher that role installs (``/opt/gpufleet/bin/gpufleet-guard``).
+
+Commands: ``tick`` (one enforcement pass, what the timer runs), ``test`` (what a tick would do
+now, changing nothing), ``check-config FILE``, ``list [--watch] [--json]``, ``kill``, ``reset``,
+``audit`` (rogue scan to the audit log) and ``verify-log``.  ``--root DIR`` prefixes every
+default path (tests); ``--policy``, ``--state``, ``--log``, ``--metrics``, ... name files directly.
+
+Exit codes: 0 ok; 1 a failure (invalid policy, failed action, broken log chain, ...); 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import socket
+import sys
+import os
+import time
+
+from . import audit_log, guard, notify as notify_mod, policy as policy_mod
+from .errors import GpuFleetError
+
+PROG = 'gpufleet-guard'
+VERSION = '1.0.0'
+
+
+def _common(parser):
+    group = parser.add_argument_group('paths')
+    group.add_argument('--root', help='prefix every default path with this directory (tests)')
+    for name in sorted(guard.DEFAULT_PATHS):
+        group.add_argument('--%s' % name.replace('_', '-'), dest='path_%s' % name, metavar='PATH',
+                           help='default: %s' % guard.DEFAULT_PATHS[name])
+    parser.add_argument('--vendor', choices=('auto', 'nvidia', 'amd', 'intel', 'apple'), help='GPU vendors to read')
+    parser.add_argument('--dev-root', action='append', dest='dev_roots', help=argparse.SUPPRESS)  # test seam
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog=PROG, description='GPU policy guard of gpufleet.reclaim (node agent).')
+    parser.add_argument('--version', action='version', version='%s %s' % (PROG, VERSION))
+    sub = parser.add_subparsers(dest='command', metavar='COMMAND')
+    sub.required = True
+
+    cmd = sub.add_parser('tick', help='one enforcement pass (what the timer runs)')
+    _common(cmd)
+    cmd.add_argument('--dry-run', action='store_true', help='decide and log, whatever the policy mode says, but signal and notify nobody')
+    cmd.add_argument('--json', action='store_true', help='print the tick summary as JSON')
+    cmd.add_argument('-q', '--quiet', action='store_true', help='print nothing unless the tick fails (cron)')
+    cmd.add_argument('--now', type=float, help=argparse.SUPPRESS)  # test seam: the clock
+
+    cmd = sub.add_parser('test', help='what a tick would decide now (changes nothing)')
+    _common(cmd)
+    cmd.add_argument('--json', action='store_true')
+    cmd.add_argument('--now', type=float, help=argparse.SUPPRESS)
+
+    cmd = sub.add_parser('check-config', help='validate a policy file')
+    cmd.add_argument('file', help='the policy file (YAML, JSON, or a gpu-kill TOML configuration); - reads stdin')
+    cmd.add_argument('--json', action='store_true')
+
+    cmd = sub.add_parser('list', help='GPUs and GPU processes of this node')
+    _common(cmd)
+    cmd.add_argument('--json', action='store_true')
+    cmd.add_argument('--watch', action='store_true', help='refresh in place (bounded by --count when not a terminal)')
+    cmd.add_argument('--interval', type=float, default=2.0, help='seconds between refreshes (default 2)')
+    cmd.add_argument('--count', type=int, help='refreshes before exiting (default: until Ctrl-C on a terminal, 3 otherwise)')
+
+    cmd = sub.add_parser('kill', help='end GPU processes (core reclaim: identity check, TERM then KILL)')
+    _common(cmd)
+    cmd.add_argument('--pid', type=int, action='append', dest='pids', help='a pid (repeatable)')
+    cmd.add_argument('--user', action='append', dest='users', help='every GPU process of this user (repeatable)')
+    cmd.add_argument('--gpu', action='append', dest='gpus', help='only on this GPU (index or UUID; repeatable)')
+    cmd.add_argument('--all-on-gpus', action='store_true', help='every process on the --gpu GPUs')
+    cmd.add_argument('--name', help='process name regex')
+    cmd.add_argument('--cmdline', help='command line regex')
+    cmd.add_argument('--signal', default='TERM', choices=('TERM', 'INT', 'HUP', 'QUIT', 'KILL', 'USR1', 'USR2'))
+    cmd.add_argument('--timeout', type=float, default=10.0, help='seconds to wait before giving up or escalating')
+    cmd.add_argument('--force', action='store_true', help='send SIGKILL to survivors after --timeout')
+    cmd.add_argument('--no-tree', action='store_true', help='leave the children of a selected process alone')
+    cmd.add_argument('--dry-run', action='store_true', help='show what would be signalled')
+
+    cmd = sub.add_parser('reset', help='reset GPUs (core reset: preconditions, vendor reset, verification)')
+    _common(cmd)
+    cmd.add_argument('--gpu', action='append', dest='gpus', help='GPU index or UUID (repeatable)')
+    cmd.add_argument('--all', action='store_true', dest='all_gpus')
+    cmd.add_argument('--when-needed', action='store_true', help='GPUs whose health asks for a reset')
+    cmd.add_argument('--kill-processes', action='store_true', help='end the processes on the GPU first')
+    cmd.add_argument('--dry-run', action='store_true')
+
+    cmd = sub.add_parser('audit', help='rogue (crypto-miner) scan; findings go to the audit log')
+    _common(cmd)
+    cmd.add_argument('--min-level', default='medium', choices=policy_mod.ROGUE_LEVELS)
+    cmd.add_argument('--rules-file', help='rogue rules file')
+    cmd.add_argument('--no-log', action='store_true', help='print only; do not append to the audit log')
+    cmd.add_argument('--json', action='store_true')
+
+    cmd = sub.add_parser('verify-log', help='check the hash chain of a log (default: the guard log)')
+    cmd.add_argument('files', nargs='*', help='log files (default: the guard log)')
+    cmd.add_argument('--root', help='prefix of the default path')
+    cmd.add_argument('--log', dest='path_log', metavar='PATH')
+    cmd.add_argument('--json', action='store_true')
+    return parser
+
+
+def _paths(args):
+    overrides = dict((name, getattr(args, 'path_%s' % name, None)) for name in guard.DEFAULT_PATHS)
+    return guard.Paths(root=getattr(args, 'root', None), **overrides)
+
+
+def _settings(args, paths):
+    explicit = dict((name, getattr(args, 'path_%s' % name, None)) for name in guard.DEFAULT_PATHS)
+    settings = guard.load_settings(paths.settings, paths)
+    # command-line paths win over the settings file
+    for name, value in explicit.items():
+        if value is not None:
+            setattr(paths, name, value or None)
+    if getattr(args, 'vendor', None):
+        settings.vendor = args.vendor
+    return settings
+
+
+def _print_json(data, out):
+    out.write(json.dumps(data, indent=2, sort_keys=True, default=str) + '\n')
+
+
+def _err(text):
+    sys.stderr.write('%s: %s\n' % (PROG, text))
+
+
+# ---------------------------------------------------------------------------- tick and test
+def _decision_line(record):
+    pids = ','.join(str(p) for p in record.get('pids') or []) or '-'
+    if record['decision'] == 'clear':
+        return 'clear   %s %s (no longer violated)' % (record.get('rule'), record.get('subject'))
+    text = '%-7s %s %s: %s [pids %s]' % (
+        record['decision'], record.get('rule'), record.get('subject'), record.get('message'), pids)
+    outcome = record.get('outcome') or {}
+    if record['decision'] == 'act' and outcome:
+        if isinstance(outcome.get('pids'), dict):
+            text += ' -> ' + ', '.join('%s %s' % (pid, o.get('outcome')) for pid, o in sorted(outcome['pids'].items()))
+        elif outcome.get('why'):
+            text += ' -> %s' % outcome['why']
+        elif outcome.get('would'):
+            text += ' -> would %s' % outcome['would']
+    if record['decision'] == 'warn' and record.get('act_in') is not None:
+        text += ' (action in %ss)' % int(record['act_in'])
+    return text
+
+
+def cmd_tick(args, out):
+    paths = _paths(args)
+    settings = _settings(args, paths)
+    if args.dry_run:
+        settings.mode = 'dry-run'
+    summary = guard.run_tick(paths, settings, now=args.now, dev_roots=args.dev_roots)
+    if args.quiet:
+        if summary['rc'] != 0:
+            _err(summary.get('error') or 'the tick failed: %s' % '; '.join(summary.get('warnings') or ()))
+        return summary['rc']
+    if args.json:
+        _print_json(summary, out)
+    else:
+        if summary.get('skipped'):
+            out.write('%s\n' % summary['skipped'])
+        elif summary.get('error'):
+            _err(summary['error'])
+        else:
+            out.write('tick %s mode %s: %d violation(s), %d decision(s) in %.2fs\n' % (
+                summary['tick'], summary['mode'], len(summary['violations']), len(summary['decisions']), summary['duration']))
+            for record in summary['decisions']:
+                out.write('  %s\n' % _decision_line(record))
+    for warning in summary.get('warnings') or ():
+        _err('warning: %s' % warning)
+    return summary['rc']
+
+
+def cmd_test(args, out):
+    paths = _paths(args)
+    settings = _settings(args, paths)
+    summary = guard.preview(paths, settings, now=args.now, dev_roots=args.dev_roots)
+    if args.json:
+        _print_json(summary, out)
+        return summary['rc']
+    if summary.get('error'):
+        _err(summary['error'])
+        return summary['rc']
+    out.write('policy %s (mode %s): %d violation(s) now\n' % (paths.policy, summary['mode'], len(summary['violations'])))
+    for violation in summary['violations']:
+        out.write('  %-18s %-22s %s; would end pid(s) %s\n' % (
+            violation['rule'], violation['subject'], violation['message'], ','.join(str(p) for p in violation['pids']) or '-'))
+    if summary['decisions']:
+        out.write('a tick now would decide:\n')
+        for record in summary['decisions']:
+            out.write('  %s\n' % _decision_line(record))
+    else:
+        out.write('a tick now would decide nothing new\n')
+    for note in summary.get('notes') or ():
+        out.write('  note: %s\n' % note)
+    for warning in summary.get('warnings') or ():
+        _err('warning: %s' % warning)
+    return summary['rc']
+
+
+def cmd_check_config(args, out, stdin=None):
+    try:
+        if args.file == '-':
+            stdin = stdin or sys.stdin
+            data = stdin.buffer.read(policy_mod.MAX_POLICY_BYTES + 1) if hasattr(stdin, 'buffer') else stdin.read()
+            policy = policy_mod.load_policy_text(data, '<stdin>')
+        else:
+            policy = policy_mod.load_policy(args.file)
+    except policy_mod.PolicyError as exc:
+        if args.json:
+            _print_json({'valid': False, 'errors': [{'file': exc.source, 'path': p, 'value': repr(v), 'why': w}
+                                                    for p, v, w in exc.errors]}, out)
+        else:
+            sys.stderr.write(str(exc) + '\n')
+        return 1
+    now = time.time()
+    notes = list(policy.notes)
+    for index, exemption in enumerate(policy.exemptions):
+        if exemption.expired(now):
+            notes.append('exemptions[%d] expired on %s and is ignored' % (
+                index, datetime.datetime.fromtimestamp(exemption.expires, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')))
+    if args.json:
+        _print_json({'valid': True, 'file': args.file, 'summary': policy.summary(), 'notes': notes}, out)
+    else:
+        out.write('%s: valid (%s format, mode %s%s)\n' % (args.file, policy.format, policy.mode,
+                                                          '' if policy.enabled else ', disabled'))
+        for note in notes:
+            out.write('note: %s\n' % note)
+    return 0
+
+
+# ---------------------------------------------------------------------------- list
+def _snapshot(settings, args):
+    from .snapshot import take_snapshot  # pylint: disable=import-outside-toplevel
+    return take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=getattr(args, 'dev_roots', None))
+
+
+def _age(create_time, now):
+    if create_time is None:
+        return '-'
+    seconds = max(0, int(now - create_time))
+    if seconds >= 86400:
+        return '%dd%02dh' % (seconds // 86400, seconds % 86400 // 3600)
+    if seconds >= 3600:
+        return '%dh%02dm' % (seconds // 3600, seconds % 3600 // 60)
+    return '%dm%02ds' % (seconds // 60, seconds % 60)
+
+
+def _fmt(value, suffix=''):
+    return '-' if value is None else '%s%s' % (value, suffix)
+
+
+def render_list(snapshot, patterns, now=None, width=160):
+    now = time.time() if now is None else now
+    lines = ['%-4s %-28s %17s %5s %5s %7s %5s' % ('GPU', 'NAME', 'MEMORY MiB', 'UTIL', 'TEMP', 'POWER', 'PIDS')]
+    for dev in snapshot.devices:
+        memory = '%s/%s' % (_fmt(dev.memory_used_mib), _fmt(dev.memory_total_mib))
+        lines.append('%-4s %-28s %17s %5s %5s %7s %5d' % (dev.index, (dev.name or '-')[:28], memory,
+                                                          _fmt(dev.utilization_pct, '%'), _fmt(dev.temperature_c, 'C'),
+                                                          _fmt(dev.power_w, 'W'), len(dev.driver_processes)))
+    lines.append('')
+    lines.append('%-8s %-12s %-6s %9s %5s %9s  %s' % ('PID', 'USER', 'GPU', 'MEM MiB', 'UTIL', 'AGE', 'COMMAND'))
+    for proc in sorted(snapshot.processes, key=lambda p: (-(p.used_mib or 0), p.pid)):
+        cmd = notify_mod.redact(proc.cmdline, patterns) or proc.name or '?'
+        line = '%-8d %-12s %-6s %9s %5s %9s  %s' % (
+            proc.pid, (proc.user or '?')[:12], ','.join(str(g) for g in proc.gpu_indexes), _fmt(proc.used_mib),
+            _fmt(proc.util_pct, '%'), _age(proc.create_time, now), cmd)
+        lines.append(line[:width])
+    if not snapshot.processes:
+        lines.append('(no GPU processes)')
+    return '\n'.join(lines) + '\n'
+
+
+def list_json(snapshot, patterns):
+    facts = snapshot.to_facts()
+    for proc in facts['processes']:
+        proc['cmdline'] = notify_mod.redact(proc['cmdline'], patterns)
+    for holder in facts['holders']:
+        holder['cmdline'] = notify_mod.redact(holder['cmdline'], patterns)
+    facts['host'] = socket.gethostname()
+    facts['ts'] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    return facts
+
+
+def cmd_list(args, out, sleep=time.sleep, isatty=None):
+    paths = _paths(args)
+    settings = _settings(args, paths)
+    patterns = _patterns(paths)
+    tty = out.isatty() if isatty is None else isatty
+    count = args.count
+    if count is None:
+        count = (0 if tty else 3) if args.watch else 1
+    if count < 0 or args.interval <= 0:
+        _err('--count must be 0 or more and --interval more than 0')
+        return 2
+    done = 0
+    try:
+        while True:
+            snapshot = _snapshot(settings, args)
+            if args.json:
+                text = json.dumps(list_json(snapshot, patterns), sort_keys=True, default=str) + '\n'
+            else:
+                text = render_list(snapshot, patterns)
+            if args.watch and tty:
+                out.write('\x1b[H\x1b[2J')  # home and clear: refresh in place
+                out.write('%s  every %.0fs  %s\n\n' % (socket.gethostname(), args.interval,
+                                                       time.strftime('%Y-%m-%d %H:%M:%S')))
+            elif args.watch and done and not args.json:
+                out.write('\n')
+            out.write(text)
+            out.flush()
+            done += 1
+            if not args.watch or (count and done >= count):
+                return 0
+            sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _patterns(paths):
+    try:
+        return policy_mod.load_policy(paths.policy).notify.redact_patterns
+    except policy_mod.PolicyError:
+        import re  # pylint: disable=import-outside-toplevel
+        return [re.compile(p) for p in policy_mod.DEFAULT_REDACT_PATTERNS]
+
+
+# ---------------------------------------------------------------------------- kill, reset, audit
+def cmd_kill(args, out):
+    from .reclaim import ReclaimOptions, reclaim  # pylint: disable=import-outside-toplevel
+    from .select import Selector  # pylint: disable=import-outside-toplevel
+    paths = _paths(args)
+    settings = _settings(args, paths)
+    selector = Selector(pids=args.pids, users=args.users, gpus=args.gpus, all_on_gpus=args.all_on_gpus, name=args.name,
+                        cmdline=args.cmdline)
+    options = ReclaimOptions(signal=args.signal, timeout=args.timeout, force=args.force, tree=not args.no_tree,
+                             vendor=settings.vendor, audit_path=paths.log)
+    result = reclaim(selector, options, check_mode=args.dry_run, dev_roots=args.dev_roots)
+    _print_json(result, out)
+    return 1 if result['failed'] else 0
+
+
+def _core_module(name, command):
+    """The core module ``name`` (reset, rogue), or None with an error when this build lacks it."""
+    import importlib  # pylint: disable=import-outside-toplevel
+    try:
+        return importlib.import_module('.' + name, __package__)
+    except ImportError:
+        _err('%s: not available in this build (core/%s.py is missing)' % (command, name))
+        return None
+
+
+def cmd_reset(args, out):
+    reset_mod = _core_module('reset', 'reset')
+    if reset_mod is None:
+        return 1
+    paths = _paths(args)
+    settings = _settings(args, paths)
+    options = reset_mod.ResetOptions(gpus=args.gpus, all_gpus=args.all_gpus, when_needed=args.when_needed,
+                                     kill_processes=args.kill_processes, vendor=settings.vendor, audit_path=paths.log)
+    result = reset_mod.reset(options, check_mode=args.dry_run)
+    _print_json(result, out)
+    return 1 if result.get('failed_gpus') else 0
+
+
+def cmd_audit(args, out):
+    rogue = _core_module('rogue', 'audit')
+    if rogue is None:
+        return 1
+    paths = _paths(args)
+    settings = _settings(args, paths)
+    config = rogue.load_config(rules_file=args.rules_file)
+    snapshot = _snapshot(settings, args)
+    findings, warnings, evaluated = rogue.detect_snapshot(snapshot, config=config, min_level=args.min_level,
+                                                          history_path=paths.history)
+    warnings = list(config.warnings) + list(warnings)
+    logged = 0
+    if not args.no_log and findings and paths.audit_log:
+        run_id = os.urandom(16).hex()
+        host = socket.gethostname()
+        for finding in findings:
+            record = {'schema': 1, 'event': 'rogue_finding', 'run_id': run_id, 'host': host, 'source': PROG}
+            record.update(finding)
+            try:
+                audit_log.append(paths.audit_log, record)
+                logged += 1
+            except audit_log.AuditLogError as exc:
+                warnings.append(str(exc))
+                break
+    summary = rogue.summarize(findings, evaluated)
+    if args.json:
+        _print_json({'findings': findings, 'summary': summary, 'logged': logged, 'warnings': warnings}, out)
+    else:
+        out.write('examined %d process(es): %s; %d finding(s) logged to %s\n' % (
+            evaluated, ', '.join('%d %s' % (summary.get(level, 0), level) for level in reversed(rogue.LEVELS)), logged,
+            paths.audit_log))
+        for finding in findings:
+            out.write('  %-8s score %3s pid %s user %s %s\n' % (
+                finding['level'], finding['score'], finding['pid'], finding['user'], ', '.join(r['id'] for r in finding['rules'])))
+    for warning in warnings:
+        _err('warning: %s' % warning)
+    return 0
+
+
+def cmd_verify_log(args, out):
+    files = args.files or [_paths(args).log]
+    results = []
+    for path in files:
+        result = audit_log.verify(path)
+        result['file'] = path
+        results.append(result)
+    if args.json:
+        _print_json(results if len(results) > 1 else results[0], out)
+    else:
+        for result in results:
+            if result['valid']:
+                out.write('%s: chain valid, %d line(s)\n' % (result['file'], result['lines']))
+            else:
+                out.write('%s: chain BROKEN\n' % result['file'])
+                for error in result['errors'][:20]:
+                    out.write('  line %s: %s\n' % (error['line'], error['error']))
+    return 0 if all(r['valid'] for r in results) else 1
+
+
+COMMANDS = {'tick': cmd_tick, 'test': cmd_test, 'check-config': cmd_check_config, 'list': cmd_list, 'kill': cmd_kill,
+            'reset': cmd_reset, 'audit': cmd_audit, 'verify-log': cmd_verify_log}
+
+
+def main(argv=None, out=None):
+    out = out or sys.stdout
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args, out)
+    except GpuFleetError as exc:
+        _err(str(exc))
+        return 1
+    except OSError as exc:
+        _err('%s: %s' % (getattr(exc, 'filename', None) or 'error', exc.strerror or exc))
+        return 1
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

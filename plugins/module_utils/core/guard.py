@@ -1,0 +1,678 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
+"""One enforcement tick of the node agent: snapshot -> policy + rogue -> escalation state -> killer.
+
+``run_tick(paths, settings)`` is what the timer (or cron) runs every interval:
+
+1. takes an exclusive, non-blocking lock, so two ticks never overlap (a second one returns at once);
+2. loads the policy (an invalid one: nothing is decided, the error is logged, exit code 1);
+3. loads the state (``state.json``: idle clocks, when each violation was first seen, which
+   warnings went out, counters); a missing or corrupt file is rebuilt with a logged warning,
+   which restarts every escalation from its first warning: never a kill without warnings;
+4. takes one snapshot, appends it to the SQLite usage history, advances the idle clocks,
+   evaluates the policy (and the rogue detector when the policy enables it);
+5. escalates: first warning when a violation is first seen, more warnings on schedule, the
+   action once the grace has passed and every warning went out in an earlier tick;
+6. acts through core reclaim (identity checked again before every signal, SIGTERM then SIGKILL)
+   in mode enforce only; dry-run decides and logs the same, and signals and notifies nobody;
+7. appends every decision to the hash-chained log, saves the state atomically and writes the
+   Prometheus textfile metrics atomically.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+
+from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod
+from .errors import GpuFleetError, InvalidArgument
+
+STATE_VERSION = 1
+DEFAULT_PATHS = {
+    'policy': '/etc/gpufleet/policy.yaml',
+    'settings': '/etc/gpufleet/guard.yaml',
+    'state': '/var/lib/gpufleet/state.json',
+    'lock': '/run/gpufleet/guard.lock',
+    'log': '/var/log/gpufleet/guard.jsonl',
+    'audit_log': '/var/log/gpufleet/audit.jsonl',
+    'metrics': metrics_mod.DEFAULT_PATH,
+    'history': '/var/lib/gpufleet/history.db',
+    'allocations': '/run/gpufleet/allocations.json',
+}
+SETTINGS_KEYS = ('vendor', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path', 'lock_path',
+                 'webhook_url', 'webhook_timeout', 'release_timeout', 'history_retention_days')
+MAX_TRACKED = 10000
+
+
+class Paths(object):
+    """Where the agent reads and writes.  ``root`` prefixes every default (tests); explicit paths win.
+    An empty ``metrics`` or ``history`` path turns that output off."""
+
+    def __init__(self, root=None, **overrides):
+        for name, default in DEFAULT_PATHS.items():
+            value = overrides.get(name)
+            if value is None:
+                value = os.path.join(root, default.lstrip('/')) if root else default
+            setattr(self, name, value or None)
+        self.root = root
+
+    def to_dict(self):
+        return dict((name, getattr(self, name)) for name in DEFAULT_PATHS)
+
+
+class Settings(object):
+    """Agent settings (not policy): from the settings file and the command line."""
+
+    def __init__(self, vendor='auto', webhook_url=None, webhook_timeout=None, release_timeout=5.0,
+                 history_retention_days=None, dev_root='/dev', utmp_paths=notify_mod.UTMP_PATHS, mode=None):
+        self.vendor = vendor
+        self.webhook_url = webhook_url
+        self.webhook_timeout = webhook_timeout
+        self.release_timeout = release_timeout
+        self.history_retention_days = history_retention_days
+        self.dev_root = dev_root
+        self.utmp_paths = utmp_paths
+        self.mode = mode              # overrides the policy's mode (tick --dry-run)
+
+
+def load_settings(path, paths):
+    """Read the settings file (YAML or JSON mapping, mode 0600: it may hold the webhook URL).
+
+    Missing file: defaults.  Path keys update ``paths``.  Raises InvalidArgument on a bad file.
+    """
+    settings = Settings()
+    if not path or not os.path.exists(path):
+        return settings
+    try:
+        with open(path, 'rb') as handle:
+            text = handle.read(1024 * 1024).decode('utf-8')
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgument('settings', path, 'cannot read: %s' % exc)
+    try:
+        yaml = policy_mod.yaml_module()
+        if yaml is not None:
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text) if text.strip() else None
+    except Exception as exc:  # pylint: disable=broad-except
+        raise InvalidArgument('settings', path, 'not YAML/JSON: %s' % str(exc).replace('\n', ' '))
+    if data is None:
+        return settings
+    if not isinstance(data, dict):
+        raise InvalidArgument('settings', path, 'expected a mapping')
+    for key, value in data.items():
+        if key not in SETTINGS_KEYS:
+            raise InvalidArgument('%s: %s' % (path, key), value, 'unknown setting; expected one of %s' % ', '.join(SETTINGS_KEYS))
+        if key.endswith('_path'):
+            if value not in (None, '') and (not isinstance(value, str) or not value.startswith('/')):
+                raise InvalidArgument('%s: %s' % (path, key), value, 'expected an absolute path (or an empty value to turn it off)')
+            name = key[:-5]
+            setattr(paths, name, value or None)
+        elif key == 'vendor':
+            if value not in ('auto', 'nvidia', 'amd', 'intel', 'apple'):
+                raise InvalidArgument('%s: vendor' % path, value, 'expected auto, nvidia, amd, intel or apple')
+            settings.vendor = value
+        elif key == 'webhook_url':
+            if value not in (None, '') and (not isinstance(value, str) or not value.startswith(('http://', 'https://'))):
+                raise InvalidArgument('%s: webhook_url' % path, '<redacted>', 'expected an http:// or https:// URL')
+            settings.webhook_url = value or None
+        else:
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3650:
+                raise InvalidArgument('%s: %s' % (path, key), value, 'expected a positive number')
+            setattr(settings, key, float(value) if key != 'history_retention_days' else int(value))
+    return settings
+
+
+# ============================================================================ lock and state
+class TickLock(object):
+    """An exclusive, non-blocking flock; ``acquired`` is False when another tick holds it."""
+
+    def __init__(self, path):
+        self.path = path
+        self.fd = None
+        self.acquired = False
+
+    def __enter__(self):
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.acquired = True
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the lock
+            self.fd = None
+        return False
+
+
+def new_state(now):
+    return {'version': STATE_VERSION, 'created': now, 'idle': {}, 'violations': {},
+            'counters': {'ticks': 0, 'state_rebuilt': 0, 'warnings': {}, 'kills': {}, 'actions': {}, 'failures': {},
+                         'notify_failures': {}}}
+
+
+def _valid_state(data):
+    if not isinstance(data, dict) or data.get('version') != STATE_VERSION:
+        return 'not a version %d state' % STATE_VERSION
+    for key in ('idle', 'violations', 'counters'):
+        if not isinstance(data.get(key), dict):
+            return '"%s" is missing or not an object' % key
+    for key, entry in data['violations'].items():
+        if not isinstance(entry, dict) or not policy_mod._is_number(entry.get('first_seen')) \
+                or not isinstance(entry.get('warnings'), int) or isinstance(entry.get('warnings'), bool):
+            return 'violation entry %r is malformed' % key
+        if entry.get('acted_at') is not None and not policy_mod._is_number(entry.get('acted_at')):
+            return 'violation entry %r is malformed' % key
+    for key, clock in data['idle'].items():
+        if not isinstance(clock, dict) or not policy_mod._is_number(clock.get('since')):
+            return 'idle clock %r is malformed' % key
+    return None
+
+
+def load_state(path, now):
+    """(state, warning or None).  A missing, unreadable or corrupt file gives a fresh state and a
+    warning; so does a state whose clock lies in the future (the system clock went back)."""
+    try:
+        with open(path, 'rb') as handle:
+            raw = handle.read(64 * 1024 * 1024)
+    except FileNotFoundError:
+        return new_state(now), None
+    except OSError as exc:
+        state = new_state(now)
+        state['counters']['state_rebuilt'] = 1
+        return state, 'state file %s could not be read (%s); rebuilt: escalations restart from their first warning' % (
+            path, exc.strerror or exc)
+    try:
+        data = json.loads(raw.decode('utf-8'))
+        why = _valid_state(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        data, why = None, 'not JSON: %s' % exc
+    if why is None and policy_mod._is_number(data.get('last_tick')) and data['last_tick'] > now + 300:
+        why = 'its last tick (%s) lies in the future; the clock went back' % data['last_tick']
+    if why is not None:
+        state = new_state(now)
+        counters = data.get('counters') if isinstance(data, dict) else None
+        rebuilt = counters.get('state_rebuilt') if isinstance(counters, dict) else None
+        state['counters']['state_rebuilt'] = (rebuilt if isinstance(rebuilt, int) and not isinstance(rebuilt, bool) else 0) + 1
+        return state, 'state file %s is corrupt (%s); rebuilt: escalations restart from their first warning' % (path, why)
+    data.setdefault('counters', {})
+    for key in ('warnings', 'kills', 'actions', 'failures', 'notify_failures'):
+        if not isinstance(data['counters'].get(key), dict):
+            data['counters'][key] = {}
+    return data, None
+
+
+def save_state(path, state):
+    """Write the state atomically (temp file, fsync, rename), mode 0600."""
+    text = json.dumps(state, sort_keys=True, separators=(',', ':'), default=str)
+    metrics_mod.write_atomic(path, text, mode=0o600, dir_mode=0o750)
+
+
+# ============================================================================ escalation
+class Decision(object):
+    """What the tick decided about one violation: ``warn`` (step N), ``act`` or ``clear``."""
+
+    def __init__(self, decision, violation=None, key=None, step=None, first_seen=None, act_in=None, entry=None):
+        self.decision = decision
+        self.violation = violation
+        self.key = key or (violation.key if violation is not None else None)
+        self.step = step
+        self.first_seen = first_seen
+        self.act_in = act_in
+        self.entry = entry or {}
+        self.outcome = {}
+
+    def to_dict(self, patterns=()):
+        out = {'decision': self.decision, 'key': self.key, 'step': self.step, 'first_seen': self.first_seen}
+        if self.violation is not None:
+            v = self.violation
+            out.update({'rule': v.rule, 'kind': v.kind, 'subject': v.subject, 'user': v.user, 'gpu': v.gpu,
+                        'measured': v.measured, 'limit': v.limit, 'unit': v.unit, 'action': v.action, 'pids': list(v.pids),
+                        'message': v.message, 'procs': notify_mod.describe_procs(v.procs, patterns)})
+        else:
+            out.update({'rule': self.entry.get('rule'), 'subject': self.entry.get('subject'), 'user': self.entry.get('user')})
+        if self.act_in is not None:
+            out['act_in'] = round(self.act_in, 1)
+        if self.outcome:
+            out['outcome'] = self.outcome
+        return out
+
+
+def escalate(violations, state, now, policy):
+    """Decide, for each violation, whether a warning or the action is due; record it in ``state``.
+
+    Warnings go out at ``escalation.warn_at`` seconds after the violation was first seen; the action
+    comes at ``act_at`` (a rogue violation uses the rogue grace) once every warning went out in an
+    earlier tick (an ``act_at`` of 0 acts at once).  A rule whose action is ``warn`` only warns.
+    A failed action is retried after ``retry_after``.  Violations that disappeared are ``clear``ed.
+    """
+    tracked = state.setdefault('violations', {})
+    esc = policy.escalation
+    decisions = []
+    seen = set()
+    for violation in violations:
+        if violation.key in seen:
+            continue
+        seen.add(violation.key)
+        entry = tracked.get(violation.key)
+        if entry is None:
+            if len(tracked) >= MAX_TRACKED:
+                continue
+            entry = tracked[violation.key] = {'first_seen': now, 'warnings': 0, 'last_warning': None, 'acted_at': None,
+                                              'acts': 0, 'rule': violation.rule, 'subject': violation.subject,
+                                              'user': violation.user}
+        entry['last_seen'] = now
+        entry['pids'] = list(violation.pids)[:64]
+        if violation.grace is not None:
+            act_at, warn_at = violation.grace, [0.0]
+        else:
+            act_at, warn_at = esc.act_at, esc.warn_at
+        elapsed = max(0.0, now - entry['first_seen'])
+        acts = violation.action in ('terminate', 'kill')
+        due = len([t for t in warn_at if t <= elapsed])
+        ready = acts and elapsed >= act_at and (act_at <= 0 or entry['warnings'] >= len(warn_at))
+        if ready and violation.pids:
+            if entry['acted_at'] is None or now - entry['acted_at'] >= esc.retry_after:
+                entry['acted_at'] = now
+                entry['acts'] = entry.get('acts', 0) + 1
+                decisions.append(Decision('act', violation, step=entry['warnings'], first_seen=entry['first_seen'], entry=entry))
+            continue
+        if due > entry['warnings']:
+            entry['warnings'] = due
+            entry['last_warning'] = now
+            act_in = max(0.0, act_at - elapsed) if acts else None
+            decisions.append(Decision('warn', violation, step=due, first_seen=entry['first_seen'], act_in=act_in, entry=entry))
+    for key in sorted(tracked):
+        if key not in seen:
+            entry = tracked.pop(key)
+            decisions.append(Decision('clear', key=key, first_seen=entry.get('first_seen'), entry=entry))
+    return decisions
+
+
+# ============================================================================ actions
+def _reclaim_group(pids, signal_name, timeout, protect_names, protect_users, snapshot, settings, dev_roots=None):
+    """End ``pids`` through core reclaim (one implementation: identity check, TERM -> KILL, tree)."""
+    from .reclaim import ReclaimOptions, reclaim  # pylint: disable=import-outside-toplevel
+    from .select import Selector  # pylint: disable=import-outside-toplevel
+    selector = Selector(pids=sorted(pids))
+    options = ReclaimOptions(signal=signal_name, timeout=timeout, force=True, tree=True,
+                             release_timeout=settings.release_timeout, protect_names=protect_names,
+                             protect_users=protect_users, vendor=settings.vendor, kill_timeout=5.0)
+    return reclaim(selector, options, check_mode=False, snapshot=snapshot, dev_roots=dev_roots)
+
+
+def _outcomes(result):
+    """{pid: {'outcome': killed|failed|skipped, 'reason', 'signals'}} from a reclaim result."""
+    out = {}
+    for kind in ('killed', 'failed', 'skipped'):
+        for entry in result.get(kind) or ():
+            pid = entry.get('pid')
+            if entry.get('parent_pid') is not None:
+                continue  # a child collected with its parent (tree)
+            out[pid] = {'outcome': kind, 'reason': entry.get('reason'), 'signals': entry.get('signals') or []}
+    return out
+
+
+def check_device_files(snapshot, pids, dev_roots=None, proc_root='/proc'):
+    """Read the open files of ``pids`` (listed processes whose files the snapshot did not read).
+
+    The killer skips a listed pid that holds no GPU device file here (the driver's pid may be a
+    process of another PID namespace), so the processes about to be signalled are checked.
+    """
+    from .processes import match_device  # pylint: disable=import-outside-toplevel
+    for pid in pids:
+        proc = snapshot.process(pid)
+        if proc is None or proc.device_paths is not None or not proc.found:
+            continue
+        fd_dir = '%s/%d/fd' % (proc_root, pid)
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            continue  # gone, or not readable: unknown (None), as a full scan would leave it
+        found = set()
+        for name in names:
+            try:
+                path = match_device(os.readlink('%s/%s' % (fd_dir, name)), dev_roots)
+            except OSError:
+                continue
+            if path is not None:
+                found.add(path)
+        proc.device_paths = sorted(found)
+
+
+def execute(decisions, policy, mode, snapshot, settings, dev_roots=None):
+    """Carry out the act decisions (mode enforce) and fill each decision's ``outcome``."""
+    acts = [d for d in decisions if d.decision == 'act']
+    if mode != 'enforce':
+        for decision in acts:
+            decision.outcome = {'result': 'not_enforced', 'why': 'mode %s: logged only, nothing was signalled' % mode,
+                                'would': decision.violation.action, 'pids': list(decision.violation.pids)}
+        return
+    check_device_files(snapshot, sorted(set(pid for d in acts for pid in d.violation.pids)), dev_roots)
+    groups = {}
+    for decision in acts:
+        violation = decision.violation
+        signal_name = 'KILL' if violation.action == 'kill' else 'TERM'
+        rogue = violation.kind == 'rogue'
+        groups.setdefault((signal_name, rogue), []).append(decision)
+    esc = policy.escalation
+    for (signal_name, rogue), items in sorted(groups.items()):
+        pids = sorted(set(pid for d in items for pid in d.violation.pids))
+        if rogue:
+            # the policy's protect list does not shield from rogue rules; the killer's own rules
+            # (pid 1, this process and its ancestors, kernel threads) always apply
+            names, users = (), ()
+        else:
+            names, users = tuple(sorted(policy.protect.names)), tuple(sorted(policy.protect.users))
+        try:
+            result = _reclaim_group(pids, signal_name, esc.sigkill_after, names, users, snapshot, settings, dev_roots)
+            per_pid = _outcomes(result)
+            error = None
+        except GpuFleetError as exc:
+            per_pid, error, result = {}, str(exc), {}
+        for decision in items:
+            entries = dict((pid, per_pid.get(pid, {'outcome': 'failed', 'reason': error or 'not reached'}))
+                           for pid in decision.violation.pids)
+            decision.outcome = {'result': 'done' if all(e['outcome'] == 'killed' for e in entries.values()) else 'partial',
+                                'signal': 'SIG' + signal_name, 'pids': entries,
+                                'freed_mib': result.get('freed_mib'), 'unreleased': result.get('unreleased') or []}
+            if error:
+                decision.outcome['error'] = error
+
+
+def notify_users(decisions, policy, mode, host, settings, patterns):
+    """One message per user for the warn and act decisions (mode warn or enforce)."""
+    if mode == 'dry-run':
+        for decision in decisions:
+            if decision.decision in ('warn', 'act'):
+                decision.outcome.setdefault('notified', 'not sent (dry-run)')
+        return {}
+    notifier = notify_mod.Notifier(policy.notify, host, settings.dev_root, settings.utmp_paths,
+                                   webhook_url=settings.webhook_url, webhook_timeout=settings.webhook_timeout)
+    by_user = {}
+    for decision in decisions:
+        if decision.decision not in ('warn', 'act'):
+            continue
+        violation = decision.violation
+        users = sorted(set(p.get('user') for p in violation.procs if p.get('user'))) or [violation.user]
+        for user in users:
+            by_user.setdefault(user, []).append(decision)
+    failures = {}
+    for user in sorted(by_user, key=lambda u: (u is None, u or '')):
+        items = by_user[user]
+        uid = None
+        for decision in items:
+            for proc in decision.violation.procs:
+                if proc.get('user') == user and proc.get('uid') is not None:
+                    uid = proc['uid']
+        if uid is None and user is not None:
+            uid = _uid_of(user)
+        payload = []
+        for decision in items:
+            entry = decision.to_dict(patterns)
+            entry['acts'] = decision.violation.action in ('terminate', 'kill')
+            payload.append(entry)
+        result = notifier.send(user, uid, payload, mode)
+        for decision in items:
+            decision.outcome['notified'] = {'user': user, 'tty': result.get('tty', 0), 'webhook': result.get('webhook'),
+                                            'command': result.get('command'), 'errors': result.get('errors')[:5]}
+        for channel in ('webhook', 'command'):
+            if result.get(channel) == 'failed':
+                failures[channel] = failures.get(channel, 0) + 1
+    return failures
+
+
+def _uid_of(user):
+    try:
+        import pwd  # pylint: disable=import-outside-toplevel
+        return pwd.getpwnam(user).pw_uid
+    except (ImportError, KeyError):
+        return None
+
+
+# ============================================================================ the tick
+def build_context(policy, snapshot, paths, settings, proc_root='/proc'):
+    """The evaluation Context of a live node: scheduler, allocations, rogue findings.  (warnings, context)"""
+    warnings = []
+    needs_allocation = policy.defaults.get('require_allocation') or any(
+        u.get('require_allocation') for u in policy.users.values()) or any(
+        g.limits.get('require_allocation') for g in policy.groups)
+    scheduler = policy_mod.detect_scheduler(proc_root) if needs_allocation else None
+    allocations = None
+    if needs_allocation:
+        path = policy.allocations_file or paths.allocations
+        if path:
+            allocations = policy_mod.read_allocations(path)
+    findings = None
+    if policy.rogue.enabled:
+        try:
+            from . import rogue  # pylint: disable=import-outside-toplevel
+            config = rogue.load_config(rules_file=policy.rogue.rules_file)
+            warnings.extend(config.warnings)
+            found, more, _count = rogue.detect_snapshot(snapshot, config=config, min_level=policy.rogue.act_min_level,
+                                                        history_path=paths.history)
+            warnings.extend(more)
+            findings = dict((f['pid'], f) for f in found if f.get('listed'))
+        except ImportError:
+            warnings.append('the rogue detector is not available in this build; rogue rules were not evaluated')
+        except GpuFleetError as exc:
+            warnings.append('rogue detection failed: %s' % exc)
+    return warnings, policy_mod.Context(scheduler=scheduler, allocations=allocations, rogue_findings=findings,
+                                        proc_root=proc_root)
+
+
+def record_history(paths, snapshot, now, settings):
+    """Append the snapshot to the SQLite usage history; returns a warning or None (never raises)."""
+    if not paths.history:
+        return None
+    try:
+        from . import history  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return 'the usage history is not available in this build; no sample recorded'
+    try:
+        kwargs = {}
+        if settings.history_retention_days:
+            kwargs['retention_days'] = settings.history_retention_days
+        history.record_samples(paths.history, snapshot, now, **kwargs)
+    except Exception as exc:  # pylint: disable=broad-except
+        return 'could not record the usage history in %s: %s' % (paths.history, exc)
+    return None
+
+
+def _log(paths, record, warnings):
+    if not paths.log:
+        return
+    try:
+        audit_log.append(paths.log, record)
+    except audit_log.AuditLogError as exc:
+        warnings.append(str(exc))
+
+
+def _count(counters, key, label, amount=1):
+    bucket = counters.setdefault(key, {})
+    bucket[label] = bucket.get(label, 0) + amount
+
+
+def run_tick(paths, settings, now=None, snapshot=None, context=None, dev_roots=None, take_snapshot=None, write=True):
+    """One enforcement pass.  Returns a summary dict (``rc``: 0 ok, 1 error; ``skipped`` when locked).
+
+    ``write=False`` is the ``test`` command: nothing is written, signalled or sent.
+    Seams for tests: now, snapshot / take_snapshot, context, dev_roots.
+    """
+    wall0, cpu0 = time.time(), time.process_time()
+    now = wall0 if now is None else float(now)
+    if write:
+        lock = TickLock(paths.lock)
+        with lock:
+            if not lock.acquired:
+                return {'rc': 0, 'skipped': 'another tick holds %s; this one did nothing' % paths.lock}
+            return _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0)
+    return _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0)
+
+
+def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0):
+    host = socket.gethostname()
+    tick_id = os.urandom(8).hex()
+    warnings = []
+    summary = {'rc': 0, 'tick': tick_id, 'host': host, 'time': now, 'warnings': warnings}
+    state, problem = load_state(paths.state, now)
+    if not isinstance(state.get('policy_cache'), dict):
+        state['policy_cache'] = {}
+    try:
+        # the state caches the policy document by the file's SHA-256: most ticks skip YAML parsing
+        policy = policy_mod.load_policy_cached(paths.policy, state['policy_cache'])
+    except policy_mod.PolicyError as exc:
+        summary.update(rc=1, error=str(exc))
+        if write:
+            _log(paths, {'event': 'guard_policy_invalid', 'tick': tick_id, 'host': host, 'policy': paths.policy,
+                         'error': str(exc)[:4000]}, warnings)
+            _write_metrics(paths, None, [], {}, {'time': now, 'duration': time.time() - wall0,
+                                                 'cpu': time.process_time() - cpu0}, None, False, False, warnings)
+        return summary
+    mode = settings.mode or policy.mode
+    summary.update(mode=mode, policy_sha256=policy.sha256)
+    if problem:
+        warnings.append(problem)
+        if write:
+            _log(paths, {'event': 'guard_state_rebuilt', 'tick': tick_id, 'host': host, 'why': problem}, warnings)
+    if snapshot is None:
+        if take_snapshot is None:
+            from .snapshot import take_snapshot  # pylint: disable=import-outside-toplevel
+        from .processes import ProcessInventory  # pylint: disable=import-outside-toplevel
+        # /proc read directly (a fraction of psutil's cost per process; the agent needs no psutil), and
+        # no scan of every process's open files: policies concern the processes the driver lists, and
+        # the few that are about to be signalled get their files checked in execute()
+        inventory = ProcessInventory(dev_roots=dev_roots, use_psutil=False, scan_fds=False)
+        snapshot = take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=dev_roots, inventory=inventory)
+    warnings.extend(snapshot.errors)
+    if write:
+        problem = record_history(paths, snapshot, now, settings)
+        if problem:
+            warnings.append(problem)
+    if context is None:
+        more, context = build_context(policy, snapshot, paths, settings)
+        warnings.extend(more)
+    state = policy_mod.observe(policy, snapshot, state, now, context)
+    violations, notes = policy_mod.evaluate_detailed(policy, snapshot, state, now, context)
+    decisions = escalate(violations, state, now, policy)
+    patterns = policy.notify.redact_patterns
+    counters = state.setdefault('counters', new_state(now)['counters'])
+    if write:
+        execute(decisions, policy, mode, snapshot, settings, dev_roots)
+        failures = notify_users(decisions, policy, mode, host, settings, patterns)
+        for channel, amount in failures.items():
+            _count(counters, 'notify_failures', channel, amount)
+    else:
+        for decision in decisions:
+            if decision.decision == 'act':
+                decision.outcome = {'result': 'test', 'would': decision.violation.action if mode == 'enforce' else 'log only (mode %s)' % mode,
+                                    'pids': list(decision.violation.pids)}
+    records = []
+    for decision in decisions:
+        entry = decision.to_dict(patterns)
+        rule = entry.get('rule') or 'unknown'
+        if decision.decision == 'warn':
+            _count(counters, 'warnings', rule)
+        elif decision.decision == 'act':
+            _count(counters, 'actions', rule)
+            for pid_outcome in (decision.outcome.get('pids') or {}).values() if isinstance(decision.outcome.get('pids'), dict) else ():
+                if pid_outcome.get('outcome') == 'killed':
+                    _count(counters, 'kills', rule)
+                elif pid_outcome.get('outcome') == 'failed':
+                    _count(counters, 'failures', rule)
+        record = {'event': 'guard_decision', 'tick': tick_id, 'host': host, 'mode': mode, 'dry_run': mode == 'dry-run',
+                  'policy_sha256': policy.sha256}
+        record.update(entry)
+        records.append(record)
+    duration = time.time() - wall0
+    counters['ticks'] = counters.get('ticks', 0) + 1
+    state['last_tick'] = now
+    state['last_tick_duration'] = round(duration, 3)
+    state['mode'] = mode
+    summary.update(violations=[v.to_dict() for v in violations], decisions=list(records), notes=notes[:100])
+    if write:
+        for record in records:
+            _log(paths, record, warnings)
+        try:
+            save_state(paths.state, state)
+        except OSError as exc:
+            warnings.append('could not save the state %s: %s' % (paths.state, exc.strerror or exc))
+            summary['rc'] = 1
+        tick = {'time': now, 'duration': time.time() - wall0, 'cpu': time.process_time() - cpu0}
+        _write_metrics(paths, snapshot, violations, counters, tick, mode, True, policy.enabled, warnings)
+    summary['duration'] = round(time.time() - wall0, 3)
+    summary['cpu'] = round(time.process_time() - cpu0, 3)
+    return summary
+
+
+def _write_metrics(paths, snapshot, violations, counters, tick, mode, valid, enabled, warnings):
+    if not paths.metrics:
+        return
+    try:
+        text = metrics_mod.guard_metrics(snapshot, violations, counters, tick, mode, valid, enabled).render()
+        metrics_mod.write_atomic(paths.metrics, text)
+    except OSError as exc:
+        warnings.append('could not write the metrics %s: %s' % (paths.metrics, exc.strerror or exc))
+
+
+def preview(paths, settings, now=None, snapshot=None, context=None, dev_roots=None, take_snapshot=None):
+    """The ``test`` command: what a tick would decide now, without writing, signalling or sending."""
+    return run_tick(paths, settings, now=now, snapshot=snapshot, context=context, dev_roots=dev_roots,
+                    take_snapshot=take_snapshot, write=False)
+
+
+def dry_run(policy, snapshot, paths, settings=None, now=None):
+    """What enforcement of ``policy`` would do about ``snapshot`` now, without writing anything.
+
+    The guard's state (idle clocks, escalation progress) is read when ``paths.state`` exists, never
+    written.  Returns (violations, notes, warnings): each violation is ``Violation.to_dict()`` plus
+    ``enforcement`` = {mode, next (warn, act or wait), step, act_in, would}.  Used by gpu_audit policy=.
+    """
+    now = time.time() if now is None else float(now)
+    settings = settings or Settings()
+    warnings = []
+    state, problem = load_state(paths.state, now) if paths.state else (new_state(now), None)
+    if problem:
+        warnings.append(problem)
+    more, context = build_context(policy, snapshot, paths, settings)
+    warnings.extend(more)
+    state = policy_mod.observe(policy, snapshot, state, now, context)
+    violations, notes = policy_mod.evaluate_detailed(policy, snapshot, state, now, context)
+    decided = dict((d.key, d) for d in escalate(violations, state, now, policy) if d.violation is not None)
+    mode = settings.mode or policy.mode
+    out = []
+    for violation in violations:
+        item = violation.to_dict()
+        decision = decided.get(violation.key)
+        acts = violation.action in ('terminate', 'kill')
+        if not acts:
+            would = 'warn only (the rule\'s action is %s)' % violation.action
+        elif mode == 'enforce':
+            would = '%s pid(s) %s' % (violation.action, ', '.join(str(p) for p in violation.pids))
+        else:
+            would = 'log only (mode %s)' % mode
+        item['enforcement'] = {
+            'mode': mode,
+            'next': decision.decision if decision is not None else 'wait',
+            'step': decision.step if decision is not None else None,
+            'act_in': round(decision.act_in, 1) if decision is not None and decision.act_in is not None else None,
+            'would': would,
+        }
+        out.append(item)
+    return out, notes, warnings

@@ -1,0 +1,154 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
+"""Prometheus node_exporter textfile metrics of the guard, written atomically.
+
+node_exporter's textfile collector reads ``*.prom`` files from its directory at every scrape, so
+the file is written to a temporary name in the same directory and renamed over the old one: a
+scrape never sees half a file.  The format is the Prometheus text exposition format 0.0.4.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+DEFAULT_PATH = '/var/lib/node_exporter/textfile_collector/gpufleet.prom'
+
+
+def _escape(value):
+    return str(value).replace('\\', '\\\\').replace('\n', '\\n').replace('"', '\\"')
+
+
+def _number(value):
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return '1' if value else '0'
+    if isinstance(value, int):
+        return str(value)
+    value = float(value)
+    if math.isnan(value):
+        return 'NaN'
+    if value in (float('inf'), float('-inf')):
+        return '+Inf' if value > 0 else '-Inf'
+    return repr(round(value, 6))
+
+
+class Metrics(object):
+    """Collects families (name, type, help, samples) and renders them in order."""
+
+    def __init__(self):
+        self.families = []
+        self._by_name = {}
+
+    def family(self, name, kind, text):
+        if name not in self._by_name:
+            entry = {'name': name, 'type': kind, 'help': text, 'samples': []}
+            self._by_name[name] = entry
+            self.families.append(entry)
+        return self._by_name[name]
+
+    def add(self, name, kind, text, value, labels=None):
+        number = _number(value)
+        if number is None:
+            return
+        family = self.family(name, kind, text)
+        family['samples'].append((dict(labels or {}), number))
+
+    def render(self):
+        lines = []
+        for family in self.families:
+            # text format 0.0.4: the TYPE line names the samples, so a counter's is the _total name
+            sample_name = family['name'] + ('_total' if family['type'] == 'counter' else '')
+            lines.append('# HELP %s %s' % (sample_name, family['help'].replace('\\', '\\\\').replace('\n', ' ')))
+            lines.append('# TYPE %s %s' % (sample_name, family['type']))
+            for labels, number in family['samples']:
+                if labels:
+                    text = ','.join('%s="%s"' % (key, _escape(labels[key])) for key in sorted(labels))
+                    lines.append('%s{%s} %s' % (sample_name, text, number))
+                else:
+                    lines.append('%s %s' % (sample_name, number))
+        return '\n'.join(lines) + '\n'
+
+
+def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=None, policy_valid=True,
+                  enabled=True, host=None):
+    """The Metrics of one tick: GPU and per-user memory, current violations, counters, tick info."""
+    out = Metrics()
+    counters = counters or {}
+    if snapshot is not None:
+        for dev in snapshot.devices:
+            labels = {'gpu': dev.index, 'uuid': dev.uuid or '', 'name': dev.name or ''}
+            out.add('gpufleet_gpu_memory_used_mib', 'gauge', 'GPU memory in use (MiB)', dev.memory_used_mib, labels)
+            out.add('gpufleet_gpu_memory_total_mib', 'gauge', 'GPU memory in total (MiB)', dev.memory_total_mib, labels)
+            out.add('gpufleet_gpu_utilization_percent', 'gauge', 'GPU utilization (percent)', dev.utilization_pct, labels)
+            out.add('gpufleet_gpu_orphaned_memory_mib', 'gauge', 'GPU memory no listed process accounts for (MiB)',
+                    dev.orphaned_mib, labels)
+        per_user = {}
+        procs = {}
+        for proc in snapshot.processes:
+            user = proc.user if proc.user is not None else 'unknown'
+            for gpu, used in (proc.used_mib_by_gpu or {}).items():
+                key = (user, gpu)
+                per_user[key] = per_user.get(key, 0) + (used or 0)
+                procs[key] = procs.get(key, 0) + 1
+        for (user, gpu) in sorted(per_user, key=lambda k: (k[0], k[1])):
+            out.add('gpufleet_user_gpu_memory_mib', 'gauge', 'GPU memory used by a user on a GPU (MiB)',
+                    per_user[(user, gpu)], {'user': user, 'gpu': gpu})
+            out.add('gpufleet_user_gpu_processes', 'gauge', 'GPU processes of a user on a GPU', procs[(user, gpu)],
+                    {'user': user, 'gpu': gpu})
+    by_rule = {}
+    for violation in violations:
+        by_rule[violation.rule] = by_rule.get(violation.rule, 0) + 1
+    out.family('gpufleet_guard_violations', 'gauge', 'Policy violations seen by the last tick, per rule')
+    for rule in sorted(by_rule):
+        out.add('gpufleet_guard_violations', 'gauge', 'Policy violations seen by the last tick, per rule', by_rule[rule],
+                {'rule': rule})
+    for name, key, text in (('gpufleet_guard_warnings', 'warnings', 'Warnings decided (sent, or logged in dry-run), per rule'),
+                            ('gpufleet_guard_kills', 'kills', 'Processes the guard ended, per rule'),
+                            ('gpufleet_guard_actions', 'actions', 'Actions decided (taken, or logged in dry-run/warn), per rule'),
+                            ('gpufleet_guard_action_failures', 'failures', 'Processes an action could not end, per rule'),
+                            ('gpufleet_guard_notify_failures', 'notify_failures', 'Notifications that failed, per channel')):
+        values = counters.get(key) or {}
+        out.family(name, 'counter', text)
+        for label in sorted(values):
+            out.add(name, 'counter', text, values[label], {'channel' if key == 'notify_failures' else 'rule': label})
+    out.add('gpufleet_guard_ticks', 'counter', 'Guard ticks run since the state was created', counters.get('ticks', 0))
+    out.add('gpufleet_guard_state_rebuilt', 'counter', 'Times the state file was missing or corrupt and rebuilt',
+            counters.get('state_rebuilt', 0))
+    tick = tick or {}
+    out.add('gpufleet_guard_last_tick_timestamp_seconds', 'gauge', 'When the last tick ran (Unix time)', tick.get('time'))
+    out.add('gpufleet_guard_tick_duration_seconds', 'gauge', 'Wall-clock duration of the last tick', tick.get('duration'))
+    out.add('gpufleet_guard_tick_cpu_seconds', 'gauge', 'CPU time of the last tick', tick.get('cpu'))
+    out.add('gpufleet_guard_policy_valid', 'gauge', '1 when the policy file was valid at the last tick', bool(policy_valid))
+    out.add('gpufleet_guard_enabled', 'gauge', '1 when the policy is enabled', bool(enabled))
+    if mode:
+        for name in ('dry-run', 'warn', 'enforce'):
+            out.add('gpufleet_guard_mode', 'gauge', 'The enforcement mode (1 for the active one)', name == mode, {'mode': name})
+    return out
+
+
+def write_atomic(path, text, mode=0o644, dir_mode=0o755):
+    """Write ``text`` to ``path`` through a temporary file in the same directory, fsync and a rename
+    (a reader sees the old file or the new one, never half of one)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=dir_mode, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix='.%s.' % os.path.basename(path), dir=directory)
+    try:
+        with os.fdopen(fd, 'w', encoding='utf-8') as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

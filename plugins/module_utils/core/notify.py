@@ -1,0 +1,298 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
+"""How the guard's warnings reach people: the user's terminals, a webhook, a command hook.
+
+Nothing here may hold up enforcement: terminal writes are non-blocking and bounded, the webhook
+has a timeout, the command hook has a timeout, and every failure is returned as text for the
+log instead of being raised.  Payloads never contain a process environment, and command lines are
+redacted (``redact``) before they leave the node.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import json
+import os
+import re
+import stat
+import struct
+
+UTMP_PATHS = ('/run/utmp', '/var/run/utmp')
+USER_PROCESS = 7
+# struct utmp on Linux (glibc, 64-bit and 32-bit alike): 384 bytes.
+_UTMP = struct.Struct('<hh i 32s 4s 32s 256s hh i ii 16s 20s')
+MAX_TTYS = 32
+MAX_MESSAGE = 4096
+MAX_CMDLINE = 512
+MAX_PAYLOAD = 256 * 1024
+REDACTED = '<redacted>'
+
+
+# ---------------------------------------------------------------------------- redaction
+def redact_text(text, patterns):
+    """``text`` with every match of ``patterns`` replaced.  A pattern's groups are kept (so that
+    ``--password=`` stays readable) and the rest of the match becomes ``<redacted>``."""
+    if not text:
+        return text
+    for pattern in patterns:
+        text = pattern.sub(_keep_groups, text)
+    return text
+
+
+def _keep_groups(match):
+    groups = [g for g in match.groups() if g]
+    if not groups:
+        return REDACTED
+    if len(groups) == 1:
+        return groups[0] + REDACTED
+    return groups[0] + REDACTED + ''.join(groups[1:])
+
+
+def redact(argv, patterns, limit=MAX_CMDLINE):
+    """A command line (list) as one redacted, bounded string (None stays None)."""
+    if argv is None:
+        return None
+    text = ' '.join(str(a) for a in argv)
+    text = redact_text(text, patterns)
+    if len(text) > limit:
+        text = text[:limit] + '...'
+    return text
+
+
+# ---------------------------------------------------------------------------- terminals
+def utmp_ttys(user, paths=UTMP_PATHS):
+    """The ttys (``pts/3``, ``tty1``) where ``user`` is logged in according to utmp."""
+    found = []
+    for path in paths:
+        try:
+            with open(path, 'rb') as handle:
+                data = handle.read(_UTMP.size * 4096)
+        except OSError:
+            continue
+        for offset in range(0, len(data) - _UTMP.size + 1, _UTMP.size):
+            fields = _UTMP.unpack_from(data, offset)
+            if fields[0] != USER_PROCESS:
+                continue
+            name = fields[5].split(b'\0', 1)[0].decode('utf-8', 'replace')
+            line = fields[3].split(b'\0', 1)[0].decode('utf-8', 'replace')
+            if name == user and line and '/' not in line.replace('pts/', '', 1) and '..' not in line:
+                if line not in found:
+                    found.append(line)
+        break
+    return found
+
+
+def pts_ttys(uid, dev_root='/dev'):
+    """The pseudo-terminals under ``<dev_root>/pts`` owned by ``uid``."""
+    found = []
+    base = os.path.join(dev_root, 'pts')
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return found
+    for name in sorted(names, key=lambda n: (len(n), n)):
+        if not name.isdigit():
+            continue
+        try:
+            info = os.stat(os.path.join(base, name))
+        except OSError:
+            continue
+        if info.st_uid == uid and stat.S_ISCHR(info.st_mode):
+            found.append('pts/%s' % name)
+    return found
+
+
+def user_ttys(user, uid, dev_root='/dev', utmp_paths=UTMP_PATHS):
+    """Terminals of ``user``: utmp entries whose device ``uid`` owns, plus /dev/pts owned by ``uid``."""
+    ttys = []
+    for line in utmp_ttys(user, utmp_paths) + (pts_ttys(uid, dev_root) if uid is not None else []):
+        if line in ttys:
+            continue
+        path = os.path.join(dev_root, line)
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        if uid is not None and info.st_uid != uid:
+            continue  # a stale utmp entry: the terminal now belongs to someone else
+        if not stat.S_ISCHR(info.st_mode):
+            continue
+        ttys.append(line)
+    return ttys[:MAX_TTYS]
+
+
+def write_ttys(user, uid, text, dev_root='/dev', utmp_paths=UTMP_PATHS):
+    """Write ``text`` to every terminal of ``user`` without blocking.  Returns (written, errors)."""
+    data = ('\r\n' + text.replace('\n', '\r\n') + '\r\n').encode('utf-8', 'replace')[:MAX_MESSAGE]
+    written, errors = 0, []
+    for line in user_ttys(user, uid, dev_root, utmp_paths):
+        path = os.path.join(dev_root, line)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK | getattr(os, 'O_CLOEXEC', 0))
+        except OSError as exc:
+            errors.append('%s: %s' % (line, exc.strerror or exc))
+            continue
+        try:
+            os.write(fd, data)
+            written += 1
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                errors.append('%s: %s' % (line, exc.strerror or exc))
+            else:
+                errors.append('%s: terminal busy (output blocked); message dropped' % line)
+        finally:
+            os.close(fd)
+    return written, errors
+
+
+# ---------------------------------------------------------------------------- webhook and command
+def post_webhook(url, payload, timeout=5.0):
+    """POST ``payload`` as JSON.  Returns None on a 2xx answer, else the error text (never raises).
+
+    http.client directly (the agent has no Ansible, hence no open_url); no proxy, no redirects.
+    """
+    import http.client  # pylint: disable=import-outside-toplevel
+    import ssl  # pylint: disable=import-outside-toplevel
+    from urllib.parse import urlsplit  # pylint: disable=import-outside-toplevel
+    body = json.dumps(payload, sort_keys=True, default=str).encode('utf-8')
+    if len(body) > MAX_PAYLOAD:
+        return 'payload larger than %d bytes; not sent' % MAX_PAYLOAD
+    try:
+        parts = urlsplit(url)
+        if parts.scheme not in ('http', 'https') or not parts.hostname:
+            return 'webhook URL is not http(s)'
+        path = parts.path or '/'
+        if parts.query:
+            path += '?' + parts.query
+        headers = {'Content-Type': 'application/json', 'User-Agent': 'gpufleet-guard', 'Content-Length': str(len(body))}
+        if parts.username is not None:
+            import base64  # pylint: disable=import-outside-toplevel
+            token = base64.b64encode(('%s:%s' % (parts.username, parts.password or '')).encode('utf-8')).decode('ascii')
+            headers['Authorization'] = 'Basic ' + token
+        if parts.scheme == 'https':
+            conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout, context=ssl.create_default_context())
+        else:
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+        try:
+            conn.request('POST', path, body=body, headers=headers)
+            response = conn.getresponse()
+            code = response.status
+            response.read(65536)
+        finally:
+            conn.close()
+        if not 200 <= code < 300:
+            return 'webhook answered HTTP %s' % code
+        return None
+    except Exception as exc:  # pylint: disable=broad-except
+        return 'webhook failed: %s' % _strip_url(str(exc) or exc.__class__.__name__, url)
+
+
+def _strip_url(text, url):
+    return text.replace(url, '<webhook url>') if url else text
+
+
+def run_hook(argv, payload, timeout=10.0):
+    """Run the command hook (an argument list, never a shell) with the JSON payload on stdin.
+    Returns None on exit 0, else the error text (never raises)."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    env = {'PATH': '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'LANG': 'C.UTF-8'}
+    try:
+        proc = subprocess.run(list(argv), input=json.dumps(payload, sort_keys=True, default=str).encode('utf-8'),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout, env=env,
+                              check=False, close_fds=True)
+    except subprocess.TimeoutExpired:
+        return 'command hook %s did not finish within %.0f s' % (argv[0], timeout)
+    except OSError as exc:
+        return 'command hook %s: %s' % (argv[0], exc.strerror or exc)
+    if proc.returncode != 0:
+        err = proc.stderr.decode('utf-8', 'replace').strip().splitlines()
+        return 'command hook %s exited %d%s' % (argv[0], proc.returncode, (': ' + err[-1][:200]) if err else '')
+    return None
+
+
+# ---------------------------------------------------------------------------- messages
+def describe_procs(procs, patterns):
+    out = []
+    for proc in procs:
+        out.append({'pid': proc.get('pid'), 'name': proc.get('name'), 'user': proc.get('user'),
+                    'used_mib': proc.get('used_mib'), 'gpu_indexes': list(proc.get('gpu_indexes') or []),
+                    'cmdline': redact(proc.get('cmdline'), patterns)})
+    return out
+
+
+def user_text(host, user, items, mode, prefix=''):
+    """The terminal message for ``user``: one line per decision."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime('%H:%M:%S UTC')
+    lines = ['*** gpufleet-guard on %s, %s: a message for %s ***' % (host, stamp, user)]
+    if prefix:
+        lines.append(prefix)
+    for item in items:
+        pids = ', '.join(str(p) for p in item['pids']) or '-'
+        if item['decision'] == 'act':
+            verb = 'terminated' if mode == 'enforce' else 'would be terminated'
+            lines.append('- %s. Process(es) %s %s.' % (item['message'], pids, verb))
+        else:
+            when = item.get('act_in')
+            tail = ''
+            if item.get('acts') and when is not None:
+                tail = ' Process(es) %s will be terminated in about %s unless this is fixed.' % (pids, _human(when))
+            lines.append('- Warning %s: %s.%s' % (item.get('step') or 1, item['message'], tail))
+    return '\n'.join(lines)[:MAX_MESSAGE]
+
+
+def _human(seconds):
+    seconds = max(0, int(seconds))
+    if seconds >= 3600:
+        return '%dh%02dm' % (seconds // 3600, seconds % 3600 // 60)
+    if seconds >= 60:
+        return '%d min' % (seconds // 60 + (1 if seconds % 60 >= 30 else 0))
+    return '%d s' % seconds
+
+
+class Notifier(object):
+    """Sends one message per user per tick through the configured channels."""
+
+    def __init__(self, notify, host, dev_root='/dev', utmp_paths=UTMP_PATHS, webhook_url=None, webhook_timeout=None):
+        self.notify = notify
+        self.host = host
+        self.dev_root = dev_root
+        self.utmp_paths = utmp_paths
+        self.webhook_url = webhook_url or notify.webhook_url
+        self.webhook_timeout = webhook_timeout or notify.webhook_timeout
+
+    def payload(self, user, items, mode):
+        return {'event': 'gpufleet_guard', 'host': self.host, 'user': user, 'mode': mode,
+                'ts': datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                'decisions': [dict((k, v) for k, v in item.items() if k != 'procs_raw') for item in items]}
+
+    def send(self, user, uid, items, mode):
+        """Deliver ``items`` (decision dicts with redacted procs) for ``user``.  Returns a result dict."""
+        result = {'tty': 0, 'errors': []}
+        text = user_text(self.host, user or 'unknown user', items, mode, self.notify.message)
+        if self.notify.tty and user is not None:
+            written, errors = write_ttys(user, uid, text, self.dev_root, self.utmp_paths)
+            result['tty'] = written
+            result['errors'].extend(errors)
+        payload = self.payload(user, items, mode)
+        if self.webhook_url:
+            error = post_webhook(self.webhook_url, payload, self.webhook_timeout)
+            result['webhook'] = 'ok' if error is None else 'failed'
+            if error:
+                result['errors'].append(error)
+        if self.notify.command:
+            error = run_hook(self.notify.command, payload)
+            result['command'] = 'ok' if error is None else 'failed'
+            if error:
+                result['errors'].append(error)
+        return result
+
+
+def redact_url(url):
+    """A URL safe to log: scheme and host only."""
+    match = re.match(r'^(https?://)(?:[^@/]*@)?([^/?#]*)', url or '')
+    return (match.group(1) + match.group(2) + '/...') if match else None
