@@ -127,10 +127,25 @@ options:
     type: str
     default: auto
     choices: [auto, nvidia, amd, intel, apple]
+  policy:
+    description:
+      - A guard policy to evaluate against the node's current state, without enforcing it - a dry run of what
+        C(gpufleet-guard tick) would decide (the same engine; schema in C(docs/policy.md)).
+      - Either the path of a policy file on the node (YAML, JSON or TOML; gpu-kill's guard configuration is accepted too),
+        or the policy itself as a mapping, or a list of gpu-kill-style shorthand rules (see the examples).
+      - An invalid policy fails the task with the file, the path inside the policy and the value, and examines nothing.
+      - Nothing is ever signalled, whatever the policy's C(mode). Results are in RV(violations).
+    type: raw
+  state_path:
+    description:
+      - The guard's state file on the node, read (never written) for O(policy) - the idle clocks and how far each
+        violation's escalation has gone. When it does not exist every violation is judged as newly seen.
+    type: path
+    default: /var/lib/gpufleet/state.json
 notes:
   - Run as root (C(become=true)). Without root the environment, mapped libraries, open sockets and executable of other users'
     processes cannot be read; what could not be read is listed in RV(findings[].notes) and those indicators cannot fire.
-  - The guard's policy dry run is not part of this module yet; RV(violations) is always empty.
+  - O(policy) is the answer to gpu-kill's C(--guard-test-policies) and is safe in production - it reads, it never signals.
   - Pool host names are matched in command lines and environments only; connections are matched against the IP addresses
     and networks of the pool list and against the pool ports. No DNS lookups are made.
 seealso:
@@ -168,6 +183,26 @@ EXAMPLES = r"""
           cmdline: '^hashcat -b'
           expires: 2026-12-31
           comment: hashcat benchmark for the GPU acceptance test
+  become: true
+
+- name: Dry-run a guard policy against what runs now (nothing is signalled)
+  gpufleet.reclaim.gpu_audit:
+    policy:
+      mode: enforce
+      defaults: {max_mem_gib: 40, idle: {util_pct: 1, min_mem_gib: 1, minutes: 60}}
+      users: {alice: {max_gpus: 2}}
+  become: true
+  register: policy_check
+
+- name: The gpu-kill shorthand - everyone 12 GiB in total
+  gpufleet.reclaim.gpu_audit:
+    policy:
+      - {user: "*", max_memory_gb: 12, action: kill}
+  become: true
+
+- name: Or the policy file the guard enforces
+  gpufleet.reclaim.gpu_audit:
+    policy: /etc/gpufleet/policy.yaml
   become: true
 
 - name: Kill what the audit calls critical (the same detector)
@@ -299,11 +334,34 @@ findings:
       allowlisted: null
       notes: []
 violations:
-  description: Policy violations. Always empty in this release (the guard's policy engine is not part of it yet).
+  description:
+    - The violations of O(policy) in the node's current state (empty without O(policy)).
+    - Each has C(rule), C(subject), C(user), C(gpu), C(measured) and C(limit) in C(unit), C(action), the C(pids) that
+      enforcement would end (the fewest that bring the user back under the limit, largest first), C(procs), C(message),
+      C(kind) and C(enforcement) - what the guard would do at this moment - C(mode), C(next) (V(warn), V(act) or V(wait)),
+      C(step), C(act_in) (seconds) and C(would).
   returned: always
   type: list
   elements: dict
-  sample: []
+  sample:
+    - rule: max_mem_per_gpu
+      subject: alice
+      user: alice
+      gpu: 0
+      measured: 12288
+      limit: 8192
+      unit: MiB
+      action: terminate
+      pids: [4242]
+      message: alice uses 12.0 GiB on GPU 0; the limit is 8.0 GiB
+      kind: quota
+      enforcement: {mode: enforce, next: warn, step: 1, act_in: 300.0, would: terminate pid(s) 4242}
+policy:
+  description: The policy that O(policy) evaluated - its C(source), C(format) (V(gpufleet) or V(gpu-kill)), C(mode), C(sha256)
+    and C(notes) (how a gpu-kill configuration was translated, and what evaluation left out). V(null) without O(policy).
+  returned: always
+  type: dict
+  sample: {source: /etc/gpufleet/policy.yaml, format: gpufleet, mode: dry-run, sha256: 9f2c..., notes: []}
 summary:
   description: Counts of RV(findings) per level, the number of allowlisted findings and of examined processes.
   returned: always
@@ -338,6 +396,7 @@ msg:
   sample: "examined 9 process(es): 1 critical, 0 high, 2 medium, 3 info"
 """
 
+import hashlib
 import json
 import socket
 import traceback
@@ -345,7 +404,7 @@ import uuid
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, history, rogue
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, guard, history, policy as policy_mod, rogue
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
@@ -371,6 +430,8 @@ def argument_spec():
         facility=dict(type='str', default='user', choices=list(FACILITIES)),
         gpus=dict(type='list', elements='str'),
         vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
+        policy=dict(type='raw'),
+        state_path=dict(type='path', default=guard.DEFAULT_PATHS['state']),
     )
 
 
@@ -382,6 +443,27 @@ def validate(params):
         raise InvalidArgument('top', params['top'], 'expected 1 to 1000')
     if not 0 <= params['idle_util_pct'] <= 100:
         raise InvalidArgument('idle_util_pct', params['idle_util_pct'], 'expected a percentage from 0 to 100')
+
+
+def load_policy(spec):
+    """The Policy that O(policy) names: a file path, a mapping or a shorthand list.  Raises PolicyError."""
+    if isinstance(spec, str):
+        return policy_mod.load_policy(spec)
+    if isinstance(spec, (dict, list)):
+        policy = policy_mod.parse_policy(spec, source='policy')
+        policy.sha256 = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode('utf-8')).hexdigest()
+        return policy
+    raise InvalidArgument('policy', spec, 'expected the path of a policy file, a mapping or a list of shorthand rules')
+
+
+def policy_dry_run(params, snapshot, now=None):
+    """(violations, policy summary, warnings) for O(policy); nothing is written or signalled."""
+    policy = load_policy(params['policy'])
+    paths = guard.Paths(state=params['state_path'] or '', history=params['history_path'] or '')
+    violations, notes, warnings = guard.dry_run(policy, snapshot, paths, now=now)
+    summary = {'source': policy.source, 'format': policy.format, 'mode': policy.mode,
+               'sha256': getattr(policy, 'sha256', None), 'notes': list(policy.notes or []) + list(notes[:100])}
+    return violations, summary, warnings
 
 
 def log_record(finding, run_id, host):
@@ -414,6 +496,9 @@ def send_syslog(findings, facility_name):
 def run(params, check_mode=False, snapshot=None):
     """The module's work without AnsibleModule: returns (result, warnings)."""
     validate(params)
+    policy_result = None
+    if params.get('policy') is not None:
+        load_policy(params['policy'])  # a bad policy fails before anything is examined
     config = rogue.load_config(rules_file=params['rules_file'], rules=params['rules'])
     warnings = list(config.warnings)
     if snapshot is None:
@@ -423,6 +508,10 @@ def run(params, check_mode=False, snapshot=None):
         allocation=params['require_allocation'])
     warnings.extend(w for w in detect_warnings if w not in warnings)
     warnings.extend(snapshot.errors)
+    violations = []
+    if params.get('policy') is not None:
+        violations, policy_result, policy_warnings = policy_dry_run(params, snapshot)
+        warnings.extend(w for w in policy_warnings if w not in warnings)
     report = None
     if params['history']:
         report = history.report(params['history_path'], hours=params['hours'], idle_util_pct=params['idle_util_pct'],
@@ -440,10 +529,13 @@ def run(params, check_mode=False, snapshot=None):
             logged['syslog'] = send_syslog(findings, params['facility'])
     summary = rogue.summarize(findings, evaluated)
     counts = ', '.join('%d %s' % (summary[level], level) for level in reversed(rogue.LEVELS))
+    if policy_result is not None:
+        counts += '; %d policy violation(s)' % len(violations)
     result = {
         'changed': False,
         'findings': findings,
-        'violations': [],
+        'violations': violations,
+        'policy': policy_result,
         'summary': summary,
         'report': report,
         'logged': logged,
@@ -458,6 +550,8 @@ def main():
         module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
     try:
         result, warnings = run(module.params, check_mode=module.check_mode)
+    except policy_mod.PolicyError as exc:
+        module.fail_json(msg='invalid policy: %s' % exc, source=exc.source, field=exc.field, value=str(exc.value))
     except rogue.RulesError as exc:
         module.fail_json(msg='invalid rogue rules: %s' % exc, file=exc.source, line=exc.line, field=exc.field)
     except InvalidArgument as exc:

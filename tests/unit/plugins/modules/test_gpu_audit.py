@@ -223,9 +223,9 @@ def test_documentation_matches_the_argument_spec():
     for name, option in doc['options'].items():
         assert option.get('default') == spec[name].get('default'), name
         assert option['type'] == spec[name]['type'], name
-    assert 'policy' not in spec
+    assert spec['policy']['type'] == 'raw'
     returned = yaml.safe_load(gpu_audit.RETURN)
-    assert {'findings', 'violations', 'summary', 'report', 'logged', 'msg'} <= set(returned)
+    assert {'findings', 'violations', 'policy', 'summary', 'report', 'logged', 'msg'} <= set(returned)
 
 
 def test_gpu_kill_rogue_has_a_detector():
@@ -233,3 +233,72 @@ def test_gpu_kill_rogue_has_a_detector():
     module_args['rogue'] = True
     selector, _options = gpu_kill.build(module_args)
     assert selector.rogue and callable(selector.rogue_detector)
+
+
+def test_policy_dry_run_names_the_violation_and_signals_nothing(node):
+    user = pwd_name(node['miner'])
+    policy = {'mode': 'enforce', 'users': {user: {'max_mem_gib_per_gpu': '2.5GiB'}},
+              'escalation': {'warn_again_after': '1m', 'act_after': '5m'}}
+    result = run_module(base(node, policy=policy, state_path=str(node['tmp'] / 'state.json')))
+    assert not result.get('failed'), result
+    assert result['changed'] is False
+    [violation] = result['violations']
+    assert violation['rule'] == 'max_mem_per_gpu' and violation['user'] == user and violation['gpu'] == 0
+    assert (violation['measured'], violation['limit'], violation['unit']) == (3072, 2560, 'MiB')
+    assert violation['action'] == 'terminate'
+    assert violation['pids'] == [node['miner']]       # the fewest processes that bring the user back under: the largest
+    assert violation['enforcement']['mode'] == 'enforce' and violation['enforcement']['next'] == 'warn'
+    assert violation['enforcement']['would'] == 'terminate pid(s) %d' % node['miner']
+    assert result['policy']['source'] == 'policy' and result['policy']['format'] == 'gpufleet'
+    assert result['msg'].endswith('; 1 policy violation(s)')
+    for pid in (node['miner'], node['legit']):
+        os.kill(pid, 0)                                # both still alive: a dry run signals nothing
+    assert not (node['tmp'] / 'state.json').exists()   # and writes no state
+
+
+def test_policy_dry_run_reads_the_guard_state(node):
+    user = pwd_name(node['miner'])
+    path = node['tmp'] / 'policy.yaml'
+    path.write_text('mode: enforce\nusers:\n  %s: {max_mem_gib_per_gpu: 2.5}\nescalation: {act_after: 60s, warnings: 1}\n' % user)
+    first = run_module(base(node, policy=str(path), state_path=str(node['tmp'] / 'state.json')))
+    [violation] = first['violations']
+    assert first['policy']['source'] == str(path) and len(first['policy']['sha256']) == 64
+    # a state in which the guard first saw this violation two minutes ago and already warned once
+    state = {'version': 1, 'last_tick': time.time() - 30, 'counters': {}, 'idle': {},
+             'violations': {violation['key']: {'first_seen': time.time() - 120, 'warnings': 1, 'last_warning': time.time() - 120,
+                                               'acted_at': None, 'acts': 0, 'rule': violation['rule'],
+                                               'subject': violation['subject'], 'user': user}}}
+    (node['tmp'] / 'state.json').write_text(json.dumps(state))
+    second = run_module(base(node, policy=str(path), state_path=str(node['tmp'] / 'state.json')))
+    assert not second.get('failed'), second
+    assert not any('rebuilt' in w for w in second.get('warnings', [])), second['warnings']
+    assert second['violations'][0]['enforcement']['next'] == 'act'
+    os.kill(node['miner'], 0)
+    assert json.loads((node['tmp'] / 'state.json').read_text()) == state   # read, never written
+
+
+def test_policy_dry_run_gpukill_shorthand(node):
+    result = run_module(base(node, policy=[{'user': '*', 'max_memory_gb': 2, 'action': 'kill'}]))
+    assert not result.get('failed'), result
+    [violation] = result['violations']
+    assert violation['rule'] == 'max_mem_total' and violation['action'] == 'kill' and violation['pids'] == [node['miner']]
+    assert violation['enforcement']['would'].startswith('log only')   # the shorthand keeps the default mode: dry-run
+
+
+@pytest.mark.parametrize('policy,field', [
+    ({'defaults': {'max_mem_gib': 8}}, 'defaults.max_mem_gib'),
+    ({'mode': 'nuke'}, 'mode'),
+    ({'users': {'alice': {'max_gpus': -1}}}, 'users.alice.max_gpus'),
+])
+def test_bad_policy_fails_with_field_and_examines_nothing(node, monkeypatch, policy, field):
+    def no_snapshot(**_kwargs):
+        raise AssertionError('a bad policy must fail before the node is examined')
+    monkeypatch.setattr(gpu_audit, 'take_snapshot', no_snapshot)
+    result = run_module(base(node, policy=policy))
+    assert result['failed'] and result['field'] == field, result
+    assert result['msg'].startswith('invalid policy: policy: %s: invalid value' % field)
+
+
+def test_missing_policy_file(node):
+    result = run_module(base(node, policy=str(node['tmp'] / 'nope.yaml')))
+    assert result['failed'] and 'cannot read the policy' in result['msg'] and str(node['tmp'] / 'nope.yaml') in result['msg']
