@@ -25,10 +25,8 @@ Usage: benchmarks/kill_latency.py [--runs N] [--runs-many N] [--timeout S] [--no
 
 import argparse
 import ctypes
-import datetime
 import json
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -47,7 +45,9 @@ SHIM = os.path.join(BUILD, 'libnvidia-ml.so.1')
 GPUS = 4
 
 sys.path.insert(0, os.path.join(ROOT, 'plugins', 'module_utils'))
+sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
 
+import common  # noqa: E402 pylint: disable=wrong-import-position
 import pynvml  # noqa: E402 pylint: disable=wrong-import-position
 
 from core import killer  # noqa: E402 pylint: disable=wrong-import-position
@@ -190,29 +190,16 @@ def via_ansible(timeout):
 
 
 def versions():
+    """The run's header: common.machine_info() plus the versions that matter here."""
+    info = common.machine_info()
     try:
         import ansible.release  # pylint: disable=import-outside-toplevel
         ansible_version = ansible.release.__version__
     except ImportError:
         ansible_version = None
-    cpu = None
-    try:
-        with open('/proc/cpuinfo') as handle:
-            cpu = next((line.split(':', 1)[1].strip() for line in handle if line.startswith('model name')), None)
-    except OSError:
-        pass
-    return {'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
-            'machine': '%s, %d CPUs, Linux %s' % (cpu, os.cpu_count(), platform.release()),
-            'python': platform.python_version(), 'ansible-core': ansible_version,
-            'nvidia-ml-py': getattr(pynvml, '__version__', None) or _dist_version('nvidia-ml-py')}
-
-
-def _dist_version(name):
-    try:
-        from importlib.metadata import version  # pylint: disable=import-outside-toplevel
-        return version(name)
-    except Exception:  # pylint: disable=broad-except
-        return None
+    return {'date': info['date'], 'machine': '%s, %d CPUs, Linux %s' % (info['cpu'], info['cores'], info['kernel']),
+            'python': info['python'], 'ansible-core': ansible_version,
+            'nvidia-ml-py': getattr(pynvml, '__version__', None) or common.dist_version('nvidia-ml-py')}
 
 
 def main():
