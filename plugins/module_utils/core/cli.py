@@ -72,6 +72,9 @@ def build_parser():
     cmd.add_argument('--watch', action='store_true', help='refresh in place (bounded by --count when not a terminal)')
     cmd.add_argument('--interval', type=float, default=2.0, help='seconds between refreshes (default 2)')
     cmd.add_argument('--count', type=int, help='refreshes before exiting (default: until Ctrl-C on a terminal, 3 otherwise)')
+    cmd.add_argument('--holders', choices=('auto', 'always', 'never'), default='auto',
+                     help='walk every process\'s open files for GPU device holders the driver does not list: always, '
+                          'never, or auto (default) - only when some GPU\'s used memory is not explained by its listed processes')
 
     cmd = sub.add_parser('kill', help='end GPU processes (core reclaim: identity check, TERM then KILL)')
     _common(cmd)
@@ -243,7 +246,9 @@ def cmd_check_config(args, out, stdin=None):
 # ---------------------------------------------------------------------------- list
 def _snapshot(settings, args):
     from .snapshot import take_snapshot  # pylint: disable=import-outside-toplevel
-    return take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=getattr(args, 'dev_roots', None))
+    holders = {'auto': 'auto', 'always': True, 'never': False}[getattr(args, 'holders', 'always')]
+    return take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=getattr(args, 'dev_roots', None),
+                         scan_holders=holders)
 
 
 def _age(create_time, now):
@@ -288,6 +293,7 @@ def list_json(snapshot, patterns):
         proc['cmdline'] = notify_mod.redact(proc['cmdline'], patterns)
     for holder in facts['holders']:
         holder['cmdline'] = notify_mod.redact(holder['cmdline'], patterns)
+    facts['holders_scanned'] = snapshot.holders_scanned
     facts['host'] = socket.gethostname()
     facts['ts'] = datetime.datetime.now(datetime.timezone.utc).isoformat()
     return facts

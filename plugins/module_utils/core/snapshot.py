@@ -30,7 +30,7 @@ class Snapshot(object):
     """The result of take_snapshot().  ``devices`` are the selected GPUs in host-wide index order."""
 
     def __init__(self, backends, devices, all_devices, processes, holders, taken_at, errors=None,
-                 fds_denied=0, gathered_processes=True):
+                 fds_denied=0, gathered_processes=True, holders_scanned=None):
         self.backends = backends              # OrderedDict vendor -> BackendStatus
         self.devices = devices                # selected Devices
         self.all_devices = all_devices        # every Device the backends returned
@@ -40,6 +40,7 @@ class Snapshot(object):
         self.errors = list(errors or [])
         self.fds_denied = fds_denied
         self.gathered_processes = gathered_processes
+        self.holders_scanned = gathered_processes if holders_scanned is None else holders_scanned
 
     def device(self, key):
         """The device with host-wide index or UUID ``key`` (among all devices), or None."""
@@ -133,7 +134,10 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
     gpus: host-wide indexes or UUIDs to report (None = all); an unknown one raises InvalidArgument.
     gather_processes: join driver pids with the process table and scan fds for holders.
     scan_holders: with gather_processes, also walk every process's fds for holders the driver does
-    not list (False: only the listed pids' fds are read and ``holders`` stays empty).
+    not list (False: only the listed pids' fds are read and ``holders`` stays empty).  ``'auto'``:
+    walk them only when some selected GPU's used memory is not explained by the processes its
+    driver lists, or cannot be told (see ``holder_scan_needed``); ``Snapshot.holders_scanned`` says
+    whether the walk ran.
     inventory: a ProcessInventory (tests); else one is built from dev_roots / proc_root (test seams).
     factories: vendor -> callable returning a Backend (tests).
     """
@@ -164,9 +168,13 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
     processes = []
     holders = []
     fds_denied = 0
+    holders_scanned = False
+    if scan_holders == 'auto':
+        scan_holders = holder_scan_needed(selected)
     if gather_processes:
         if inventory is None:
             inventory = ProcessInventory(dev_roots=dev_roots, proc_root=proc_root, scan_holders=scan_holders)
+        holders_scanned = bool(inventory.scan_fds and inventory.scan_holders)
         by_pid = OrderedDict()
         driver_names = {}
         for dev in selected:
@@ -198,4 +206,11 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
 
     return Snapshot(backends=selection.statuses, devices=selected, all_devices=all_devices, processes=processes,
                     holders=holders, taken_at=taken_at, errors=errors, fds_denied=fds_denied,
-                    gathered_processes=gather_processes)
+                    gathered_processes=gather_processes, holders_scanned=holders_scanned)
+
+
+def holder_scan_needed(devices):
+    """Whether the walk of every process's fds can tell more than the drivers' process lists: some
+    GPU's used memory is not accounted for by its listed processes (``orphaned_mib`` above 0), or
+    cannot be told (``None``: an old driver without the reserved-memory split, an unknown figure)."""
+    return any(dev.orphaned_mib is None or dev.orphaned_mib > 0 for dev in devices)

@@ -318,6 +318,31 @@ def test_no_gpu_host_is_empty_not_an_error():
     assert facts['backends']['nvidia']['error'] == 'no driver'
 
 
+def test_auto_holder_scan_runs_only_when_memory_is_unexplained():
+    root = h.tempdir()
+    dev = h.make_dev_dir(os.path.join(root, 'dev'), minors=(0, 1))
+    kids = h.Children()
+    try:
+        holder = kids.sleeper([os.path.join(dev, 'nvidia1')])
+
+        def snap_of(*devices):
+            return S.take_snapshot(factories=fake_factories(nvidia=FakeBackend('nvidia', list(devices))), dev_roots=[dev],
+                                   scan_holders='auto')
+        explained = snap_of(nv(0), nv(1, minor=1))                      # nothing used, nothing listed
+        assert explained.holders_scanned is False and explained.holders == []
+        orphaned = snap_of(nv(0), nv(1, used=512, minor=1))             # 512 MiB that no listed process holds
+        assert orphaned.holders_scanned is True and [x.pid for x in orphaned.holders] == [holder.pid]
+        unknown = snap_of(nv(0, used=None), nv(1, minor=1))             # cannot tell: scan
+        assert unknown.holders_scanned is True
+        always = S.take_snapshot(factories=fake_factories(nvidia=FakeBackend('nvidia', [nv(0), nv(1, minor=1)])),
+                                 dev_roots=[dev])
+        assert always.holders_scanned is True and [x.pid for x in always.holders] == [holder.pid]
+        assert S.holder_scan_needed([]) is False
+    finally:
+        kids.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_holders_map_to_gpus_by_minor_and_render_node():
     root = h.tempdir()
     dev = h.make_dev_dir(os.path.join(root, 'dev'), minors=(0, 1))
