@@ -526,11 +526,45 @@ def run_tick(paths, settings, now=None, snapshot=None, context=None, dev_roots=N
     return _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0)
 
 
+def untrusted_inputs(paths, euid=None):
+    """Why the agent must not trust its inputs: the policy or settings file, or the state directory,
+    is writable by group or others, or owned by someone other than root or the agent's user.  A
+    list of problems (empty: trusted).  A root agent that read a policy anyone could edit would
+    signal whatever that person wrote into it."""
+    euid = os.geteuid() if euid is None else euid
+    problems = []
+    checks = (('policy file', paths.policy), ('settings file', paths.settings),
+              ('state directory', os.path.dirname(paths.state) if paths.state else None))
+    for label, path in checks:
+        if not path:
+            continue
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            problems.append('cannot check the %s %s: %s' % (label, path, exc.strerror or exc))
+            continue
+        if info.st_mode & 0o022:
+            problems.append('the %s %s is writable by %s (mode %04o); run chmod go-w on it' % (
+                label, path, 'group and others' if info.st_mode & 0o022 == 0o022 else
+                ('others' if info.st_mode & 0o002 else 'its group'), info.st_mode & 0o7777))
+        if info.st_uid not in (0, euid):
+            problems.append('the %s %s is owned by uid %d, not by root or the agent (uid %d)' % (label, path, info.st_uid, euid))
+    return problems
+
+
 def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0):
     host = socket.gethostname()
     tick_id = os.urandom(8).hex()
     warnings = []
     summary = {'rc': 0, 'tick': tick_id, 'host': host, 'time': now, 'warnings': warnings}
+    problems = untrusted_inputs(paths)
+    if problems:
+        summary.update(rc=1, error='refusing to act on untrusted input: %s' % '; '.join(problems))
+        if write:
+            _log(paths, {'event': 'guard_untrusted_input', 'tick': tick_id, 'host': host, 'problems': problems}, warnings)
+        return summary
     state, problem = load_state(paths.state, now)
     if not isinstance(state.get('policy_cache'), dict):
         state['policy_cache'] = {}

@@ -50,6 +50,7 @@ class Node(object):
         os.makedirs(os.path.dirname(self.paths.policy), exist_ok=True)
         with open(self.paths.policy, 'w') as handle:
             handle.write(text)
+        os.chmod(self.paths.policy, 0o644)  # as the role installs it, whatever the umask
 
     def tick(self, advance=0, **kwargs):
         self.clock.advance(advance)
@@ -193,6 +194,38 @@ def test_an_invalid_policy_decides_nothing_and_is_logged(tmp_path):
     assert node.log()[-1]['event'] == 'guard_policy_invalid'
     with open(node.paths.metrics) as handle:
         assert 'gpufleet_guard_policy_valid 0' in handle.read()
+
+
+@pytest.mark.parametrize('target,mode,words', [
+    ('policy', 0o666, 'writable by group and others'),
+    ('policy', 0o664, 'writable by its group'),
+    ('state_dir', 0o777, 'state directory'),
+])
+def test_untrusted_inputs_are_refused(tmp_path, target, mode, words):
+    node = Node(tmp_path, policy=POLICY % 'enforce')
+    node.tick()
+    path = node.paths.policy if target == 'policy' else os.path.dirname(node.paths.state)
+    os.chmod(path, mode)
+    before = node.state()
+    summary = node.tick(3600)      # the grace has long passed: a trusted tick would act now
+    assert summary['rc'] == 1 and 'refusing to act on untrusted input' in summary['error'] and words in summary['error']
+    assert 'decisions' not in summary
+    assert node.log()[-1]['event'] == 'guard_untrusted_input'
+    assert node.state() == before   # nothing decided, nothing written
+    preview = guard.preview(node.paths, node.settings, now=node.clock.now, snapshot=node.snap, context=node.context)
+    assert preview['rc'] == 1
+    os.chmod(path, 0o644 if target == 'policy' else 0o750)
+    assert node.tick(1)['rc'] == 0
+
+
+def test_inputs_owned_by_another_user_are_refused(tmp_path):
+    node = Node(tmp_path)
+    problems = guard.untrusted_inputs(node.paths, euid=os.geteuid() + 4242 if os.geteuid() else 4242)
+    if os.geteuid() == 0:
+        assert problems == []           # root owns them, and root is always trusted
+    else:
+        assert problems and 'owned by uid %d' % os.geteuid() in problems[0]
+    assert guard.untrusted_inputs(guard.Paths(root=str(tmp_path / 'nothing-here'))) == []
 
 
 def test_disabled_policy_clears_everything(tmp_path):
