@@ -79,7 +79,7 @@ def _check_parts(data):
     cells = snap['data']['cells']
     assert cells
     for cell in cells:
-        assert {'ours', 'fdscan', 'tick'} <= set(cell['tools'])
+        assert {'ours', 'ours_holders', 'fdscan', 'tick'} <= set(cell['tools'])
         for tool, fig in cell['tools'].items():
             assert fig['cpu_s']['n'] == 1
             assert not fig['notes'], (tool, fig['notes'])
