@@ -40,11 +40,12 @@ def _line_hash(raw):
 
 
 def _last_line(handle):
-    """The last complete line of an open binary file (without its newline), or None if empty."""
+    """(the last line of an open binary file without its newline, or None if empty; True when the
+    file does not end with a newline: its last line is torn)."""
     handle.seek(0, os.SEEK_END)
     end = handle.tell()
     if end == 0:
-        return None
+        return None, False
     block = 4096
     pos = end
     data = b''
@@ -52,11 +53,22 @@ def _last_line(handle):
         step = min(block, pos)
         pos -= step
         handle.seek(pos)
-        data = handle.read(step) + data
+        data = _read_exactly(handle, step) + data
         stripped = data.rstrip(b'\n')
         if b'\n' in stripped:
-            return stripped.rsplit(b'\n', 1)[1]
-    return data.rstrip(b'\n')
+            return stripped.rsplit(b'\n', 1)[1], not data.endswith(b'\n')
+    return data.rstrip(b'\n'), not data.endswith(b'\n')
+
+
+def _read_exactly(handle, size):
+    chunks = []
+    while size > 0:
+        chunk = handle.read(size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b''.join(chunks)
 
 
 def now_iso():
@@ -72,12 +84,24 @@ def actor():
     return {'user': name, 'uid': os.geteuid(), 'sudo_user': os.environ.get('SUDO_USER'), 'host': socket.gethostname()}
 
 
+def _write_all(fd, data):
+    """os.write until every byte is written (a short write is retried; an error raises OSError)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if not written:
+            raise OSError(errno.EIO, 'the write made no progress')
+        view = view[written:]
+
+
 def append(path, record):
     """Append ``record`` (a dict) to the chained log at ``path``; returns the written record.
 
     Creates the file (mode 0640) and its directory (0750) when missing.  Raises AuditLogError
-    with the reason when the line cannot be written completely; a partial line is truncated
-    away again so that the chain stays intact.
+    with the reason when the line cannot be written completely (disk full, quota, I/O error): the
+    partial line is truncated away again, so the lines before it stay intact and chained.  A torn
+    last line left by an earlier crash is ended with a newline first (verify reports it; the new
+    line chains onto its bytes), so a new record is never glued onto it.
     """
     directory = os.path.dirname(os.path.abspath(path))
     try:
@@ -85,32 +109,38 @@ def append(path, record):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NOFOLLOW', 0), 0o640)
     except OSError as exc:
         raise AuditLogError('cannot open audit log %s: %s' % (path, exc.strerror or exc))
-    with os.fdopen(fd, 'r+b') as handle:
+    # Unbuffered: a failed write leaves nothing in a buffer that a later flush (or close) could
+    # append behind the truncation.
+    with os.fdopen(fd, 'r+b', buffering=0) as handle:
         try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            last = _last_line(handle)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            raise AuditLogError('cannot lock audit log %s: %s' % (path, exc.strerror or exc))
+        try:
+            try:
+                last, torn = _last_line(handle)
+            except OSError as exc:
+                raise AuditLogError('cannot read audit log %s: %s' % (path, exc.strerror or exc))
             entry = dict(record)
             entry.setdefault('ts', now_iso())
             entry['prev_hash'] = GENESIS if last is None else _line_hash(last)
             entry.pop('hash', None)
             entry['hash'] = _line_hash(_canonical(entry).encode('ascii'))
-            line = _canonical(entry).encode('ascii')
-            handle.seek(0, os.SEEK_END)
-            start = handle.tell()
+            line = (b'\n' if torn else b'') + _canonical(entry).encode('ascii') + b'\n'
+            start = os.lseek(fd, 0, os.SEEK_END)
             try:
-                handle.write(line + b'\n')
-                handle.flush()
-                os.fsync(handle.fileno())
+                _write_all(fd, line)
+                os.fsync(fd)
             except OSError as exc:
                 try:
-                    handle.truncate(start)
+                    os.ftruncate(fd, start)
                 except OSError:
                     pass
-                reason = 'disk full' if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+                reason = 'disk full' if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (exc.strerror or str(exc))
                 raise AuditLogError('cannot write audit log %s: %s' % (path, reason))
             return entry
         finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def verify(path):

@@ -219,9 +219,29 @@ def load_state(path, now):
 
 
 def save_state(path, state):
-    """Write the state atomically (temp file, fsync, rename), mode 0600."""
+    """Write the state atomically (temp file, fsync, rename), mode 0600.
+
+    Temporary files that a tick killed halfway through its write left behind are removed first
+    (only a tick writes the state, and ticks hold the lock, so no other writer owns one)."""
     text = json.dumps(state, sort_keys=True, separators=(',', ':'), default=str)
+    remove_stale_temps(path)
     metrics_mod.write_atomic(path, text, mode=0o600, dir_mode=0o750)
+
+
+def remove_stale_temps(path):
+    """Remove the temporary files write_atomic makes for ``path`` (``.NAME.*`` in its directory)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    prefix = '.%s.' % os.path.basename(path)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
 
 
 # ============================================================================ escalation
@@ -496,12 +516,15 @@ def record_history(paths, snapshot, now, settings):
 
 
 def _log(paths, record, warnings):
+    """Append ``record`` to the decision log; False (and a warning) when it could not be written."""
     if not paths.log:
-        return
+        return True
     try:
         audit_log.append(paths.log, record)
     except audit_log.AuditLogError as exc:
         warnings.append(str(exc))
+        return False
+    return True
 
 
 def _count(counters, key, label, amount=1):
@@ -641,8 +664,11 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
     state['mode'] = mode
     summary.update(violations=[v.to_dict() for v in violations], decisions=list(records), notes=notes[:100])
     if write:
-        for record in records:
-            _log(paths, record, warnings)
+        unlogged = sum(1 for record in records if not _log(paths, record, warnings))
+        if unlogged:
+            # the decisions were taken (and acted on) but not recorded: a failure the exit code must show
+            summary['rc'] = 1
+            summary['unlogged'] = unlogged
         try:
             save_state(paths.state, state)
         except OSError as exc:

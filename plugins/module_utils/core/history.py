@@ -83,6 +83,8 @@ def init_schema(conn):
     row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if row is None:
         conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    elif not str(row[0]).isdigit():
+        raise HistoryError('the usage history is corrupt: schema version %r' % (row[0],))
     elif int(row[0]) > SCHEMA_VERSION:
         raise HistoryError('the usage history has schema version %s; this release understands up to %d' % (row[0], SCHEMA_VERSION))
 
@@ -151,7 +153,11 @@ class HistoryReader(object):
             self.meta = dict(self.conn.execute('SELECT key, value FROM meta').fetchall())
         except sqlite3.Error as exc:
             raise HistoryError('cannot read the usage history %s: %s' % (path, exc))
-        version = int(self.meta.get('schema_version', 0) or 0)
+        try:
+            version = int(self.meta.get('schema_version', 0) or 0)
+        except (TypeError, ValueError):
+            self.close()
+            raise HistoryError('the usage history %s is corrupt: schema version %r' % (path, self.meta.get('schema_version')))
         if version > SCHEMA_VERSION:
             self.close()
             raise HistoryError('the usage history %s has schema version %d; this release understands up to %d' % (
