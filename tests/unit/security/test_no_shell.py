@@ -37,8 +37,7 @@ def files(suffixes, top=('plugins', 'roles', 'playbooks', 'extras', 'tests', 'be
 
 
 def python_files():
-    for path in files(('.py',)):
-        yield path
+    yield from files(('.py',))
     for path in files(('',), top=('tests/sim', 'tests/fleet', 'tests/demo', 'benchmarks', 'tests/device')):
         if '.' not in os.path.basename(path):
             with open(path, 'rb') as handle:
