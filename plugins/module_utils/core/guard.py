@@ -557,10 +557,15 @@ def untrusted_inputs(paths, euid=None):
     euid = os.geteuid() if euid is None else euid
     problems = []
     checks = (('policy file', paths.policy), ('settings file', paths.settings),
-              ('state directory', os.path.dirname(paths.state) if paths.state else None))
+              ('state directory', os.path.dirname(paths.state) if paths.state else None),
+              # whoever can write the directory can put another file in place of the policy or settings
+              ('policy directory', os.path.dirname(os.path.abspath(paths.policy)) if paths.policy else None),
+              ('settings directory', os.path.dirname(os.path.abspath(paths.settings)) if paths.settings else None))
+    seen = set()
     for label, path in checks:
-        if not path:
+        if not path or path in seen:
             continue
+        seen.add(path)
         try:
             info = os.stat(path)
         except FileNotFoundError:
@@ -568,6 +573,8 @@ def untrusted_inputs(paths, euid=None):
         except OSError as exc:
             problems.append('cannot check the %s %s: %s' % (label, path, exc.strerror or exc))
             continue
+        if label in ('policy directory', 'settings directory') and info.st_mode & 0o1000:
+            continue  # sticky (like /tmp): others cannot replace a file they do not own, and the file's owner is checked
         if info.st_mode & 0o022:
             problems.append('the %s %s is writable by %s (mode %04o); run chmod go-w on it' % (
                 label, path, 'group and others' if info.st_mode & 0o022 == 0o022 else
