@@ -79,7 +79,7 @@ def _key_text(key):
 
 def _matches(dev, key):
     text = _key_text(key)
-    if text.isdigit():
+    if text.isdigit() and text.isascii():  # '²'.isdigit() is true, but int('²') fails
         return dev.index == int(text)
     return dev.uuid is not None and dev.uuid.lower() == text.lower()
 
@@ -93,6 +93,8 @@ def resolve_gpus(devices, gpus):
         return list(devices)
     wanted = []
     for key in gpus:
+        if isinstance(key, int) and not isinstance(key, bool) and key.bit_length() > 64:
+            raise InvalidArgument('gpus', 'an integer of %d bits' % key.bit_length(), 'no GPU has such an index')
         text = _key_text(key)
         if not text:
             raise InvalidArgument('gpus', key, 'an empty value is neither a GPU index nor a UUID')

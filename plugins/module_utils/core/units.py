@@ -39,45 +39,65 @@ def parse_duration(value, field='duration'):
     numbers and empty strings.
     """
     if isinstance(value, bool):
-        raise InvalidArgument(field, value, 'expected a duration such as 90s, 30m or 2h')
+        raise InvalidArgument(field, _shown(value), 'expected a duration such as 90s, 30m or 2h')
     if isinstance(value, (int, float)):
-        if value < 0 or math.isnan(value):
-            raise InvalidArgument(field, value, 'a duration must not be negative')
-        return float(value)
+        if value < 0 or (isinstance(value, float) and math.isnan(value)):
+            raise InvalidArgument(field, _shown(value), 'a duration must not be negative')
+        return _finite(value, field, 'a duration')
     if not isinstance(value, str):
-        raise InvalidArgument(field, value, 'expected a duration such as 90s, 30m or 2h')
+        raise InvalidArgument(field, _shown(value), 'expected a duration such as 90s, 30m or 2h')
     text = value.strip().lower()
     if not text or len(text) > 64:
-        raise InvalidArgument(field, value, 'expected a duration such as 90s, 30m or 2h')
+        raise InvalidArgument(field, _shown(value), 'expected a duration such as 90s, 30m or 2h')
     total = 0.0
     pos = 0
     parts = list(_DURATION_PART.finditer(text))
     for match in parts:
         if text[pos:match.start()].strip():
-            raise InvalidArgument(field, value, 'expected a duration such as 90s, 30m or 2h')
+            raise InvalidArgument(field, _shown(value), 'expected a duration such as 90s, 30m or 2h')
         unit = match.group(2)
         if not unit and len(parts) > 1:
-            raise InvalidArgument(field, value, 'every part of a compound duration needs a unit, as in 1h30m')
+            raise InvalidArgument(field, _shown(value), 'every part of a compound duration needs a unit, as in 1h30m')
         if unit not in _DURATION_UNITS:
-            raise InvalidArgument(field, value, 'unknown duration unit %r (use ms, s, m, h, d or w)' % unit)
+            raise InvalidArgument(field, _shown(value), 'unknown duration unit %r (use ms, s, m, h, d or w)' % unit)
         total += float(match.group(1)) * _DURATION_UNITS[unit]
         pos = match.end()
     if pos == 0 or text[pos:].strip():
-        raise InvalidArgument(field, value, 'expected a duration such as 90s, 30m or 2h')
-    return total
+        raise InvalidArgument(field, _shown(value), 'expected a duration such as 90s, 30m or 2h')
+    return _finite(total, field, 'a duration')
 
 
 def parse_size_mib(value, field='size'):
     """MiB (float) from ``4096``, ``'8GB'``, ``'8 GiB'``, ``'512M'``.  A bare number is MiB."""
     if isinstance(value, bool):
-        raise InvalidArgument(field, value, 'expected a size such as 512MiB or 8GiB')
+        raise InvalidArgument(field, _shown(value), 'expected a size such as 512MiB or 8GiB')
     if isinstance(value, (int, float)):
-        if value < 0 or math.isnan(value):
-            raise InvalidArgument(field, value, 'a size must not be negative')
-        return float(value)
+        if value < 0 or (isinstance(value, float) and math.isnan(value)):
+            raise InvalidArgument(field, _shown(value), 'a size must not be negative')
+        return _finite(value, field, 'a size')
     if not isinstance(value, str):
-        raise InvalidArgument(field, value, 'expected a size such as 512MiB or 8GiB')
+        raise InvalidArgument(field, _shown(value), 'expected a size such as 512MiB or 8GiB')
     match = _SIZE.match(value)
     if not match or match.group(2).lower() not in _SIZE_UNITS:
-        raise InvalidArgument(field, value, 'expected a size such as 512MiB or 8GiB')
-    return float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+        raise InvalidArgument(field, _shown(value), 'expected a size such as 512MiB or 8GiB')
+    return _finite(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()], field, 'a size')
+
+
+def _finite(value, field, what):
+    """``value`` as a finite float; InvalidArgument for infinity and for integers too large for a float."""
+    try:
+        number = float(value)
+    except OverflowError:
+        number = float('inf')
+    if math.isinf(number):
+        raise InvalidArgument(field, _shown(value), '%s must be a finite number' % what)
+    return number
+
+
+def _shown(value):
+    """``value`` for an error message: huge integers (whose repr can fail) and long texts shortened."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return 'an integer of %d bits' % value.bit_length()
+    if isinstance(value, str) and len(value) > 64:
+        return value[:64] + '...'
+    return value

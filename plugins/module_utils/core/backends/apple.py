@@ -64,12 +64,20 @@ def gpu_time_ns(client):
 
 def _walk_clients(entry):
     """Every descendant of an accelerator entry that names its creating process."""
-    for child in entry.get('IORegistryEntryChildren') or []:
+    children = entry.get('IORegistryEntryChildren')
+    for child in children if isinstance(children, list) else []:
         if not isinstance(child, dict):
             continue
         if 'IOUserClientCreator' in child:
             yield child
         yield from _walk_clients(child)
+
+
+def _text(value):
+    """A registry name as text (ioreg gives some as data); None for anything else."""
+    if isinstance(value, bytes):
+        value = value.split(b'\0', 1)[0].decode('utf-8', 'replace')
+    return value if isinstance(value, str) and value else None
 
 
 class Accelerator(object):
@@ -185,7 +193,7 @@ class AppleBackend(Backend):
 
     def _read(self, dev, acc, before, elapsed):
         entry = acc.entry
-        dev.name = entry.get('model') or entry.get('IOClass') or entry.get('IORegistryEntryName')
+        dev.name = _text(entry.get('model')) or _text(entry.get('IOClass')) or _text(entry.get('IORegistryEntryName'))
         stats = acc.stats
         util = to_number(stats.get('Device Utilization %'))
         dev.utilization_pct = max(0, min(100, util)) if util is not None else None

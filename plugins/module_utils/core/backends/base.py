@@ -44,7 +44,7 @@ def to_number(value, cast=int):
         return None
     try:
         return cast(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # int(float('inf')) overflows
         return None
 
 
