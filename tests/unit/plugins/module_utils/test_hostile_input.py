@@ -330,9 +330,10 @@ REDACT_PATTERNS = [select.compile_regex('redact', p) for p in policy.DEFAULT_RED
 
 
 @FUZZ
-@given(st.one_of(st.none(), st.lists(st.one_of(st.text(max_size=80), ARG_BYTES.map(lambda b: b.decode('utf-8', 'surrogateescape')),
-                                                st.sampled_from(['--password=hunter2', 'token=abc', 'PASSWORD', '=', '\x00', '\n'])),
-                                      max_size=20)))
+@given(st.one_of(st.none(), st.lists(
+    st.one_of(st.text(max_size=80), ARG_BYTES.map(lambda b: b.decode('utf-8', 'surrogateescape')),
+              st.sampled_from(['--password=hunter2', 'token=abc', 'PASSWORD', '=', '\x00', '\n'])),
+    max_size=20)))
 def test_redact_hostile_command_lines(argv):
     text = notify.redact(argv, REDACT_PATTERNS)
     if argv is None:
