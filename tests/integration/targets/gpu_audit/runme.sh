@@ -13,4 +13,4 @@ for user in alice bob; do id -u "$user" >/dev/null 2>&1 || useradd --no-create-h
 export ANSIBLE_HOST_KEY_CHECKING=True ANSIBLE_SSH_CONTROL_PATH_DIR="$FLEET_DIR/cp"
 ansible-playbook -i "$FLEET_DIR/inventory.ini" audit.yml -e "coll_root=$COLL_ROOT" "$@"
 ansible-doc gpufleet.reclaim.gpu_audit | grep -q 'violations'
-ansible-doc -j gpufleet.reclaim.gpu_audit | python -c 'import json,sys; d=json.load(sys.stdin); assert "policy" not in d["gpufleet.reclaim.gpu_audit"]["doc"]["options"]'
+ansible-doc -j gpufleet.reclaim.gpu_audit | python -c 'import json,sys; d=json.load(sys.stdin); assert "policy" in d["gpufleet.reclaim.gpu_audit"]["doc"]["options"]'
