@@ -112,9 +112,9 @@ options:
   rogue:
     description:
       - Select processes that the rogue (crypto-miner) detector classifies at or above O(rogue_min_level).
-      - This is the detector of gpufleet.reclaim.gpu_audit with its built-in rules (no rules file, so no allowlist); run
-        gpu_audit first to see the findings and their evidence. V(critical) needs a hard indicator such as a stratum URL,
-        miner options, a wallet address or a pool connection.
+      - This is the detector of gpufleet.reclaim.gpu_audit, with its built-in rules plus O(rules_file) and O(rules) (the
+        same site rules and allowlist that gpu_audit was given); run gpu_audit first to see the findings and their evidence.
+        V(critical) needs a hard indicator such as a stratum URL, miner options, a wallet address or a pool connection.
       - Utilization and memory samples are read from the usage history C(/var/lib/gpufleet/history.db) when it exists.
     type: bool
     default: false
@@ -123,6 +123,17 @@ options:
     type: str
     default: critical
     choices: [info, medium, high, critical]
+  rules_file:
+    description:
+      - For O(rogue=true), a YAML rules file on the node with extra pools, miner names, custom rules and the allowlist, as
+        in O(gpufleet.reclaim.gpu_audit#module:rules_file) (schema in C(docs/rogue-detection.md)). An allowlisted process
+        is never selected.
+      - Validated before anything is read or signalled; an error names the file, the line and the field. Only used with
+        O(rogue=true); given without it, the task fails.
+    type: path
+  rules:
+    description: The same content as O(rules_file), inline; applied after O(rules_file). Only used with O(rogue=true).
+    type: dict
   all_on_gpus:
     description: Select every process on the GPUs named in O(gpus), for example to drain them before a reset.
     type: bool
@@ -377,7 +388,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors impor
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reclaim import SIGNALS, ReclaimOptions, reclaim
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import selector_detector
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import RulesError, load_config, selector_detector
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import ROGUE_LEVELS, Selector
 
 
@@ -396,6 +407,8 @@ def argument_spec():
         orphans=dict(type='bool', default=False),
         rogue=dict(type='bool', default=False),
         rogue_min_level=dict(type='str', default='critical', choices=list(ROGUE_LEVELS)),
+        rules_file=dict(type='path'),
+        rules=dict(type='dict'),
         all_on_gpus=dict(type='bool', default=False),
         signal=dict(type='str', default='TERM', choices=list(SIGNALS)),
         timeout=dict(type='float', default=10.0),
@@ -410,13 +423,24 @@ def argument_spec():
     )
 
 
+def rogue_config(params):
+    """The detector's rules for O(rogue=true): None (built-ins) or the validated rules; raises RulesError."""
+    for field in ('rules_file', 'rules'):
+        if params.get(field) and not params['rogue']:
+            raise InvalidArgument(field, params[field], 'only used with rogue=true')
+    if not (params.get('rules_file') or params.get('rules')):
+        return None
+    return load_config(rules_file=params['rules_file'], rules=params['rules'])
+
+
 def build(params):
     """Validate every option before anything is read or signalled; raises InvalidArgument naming the field."""
+    config = rogue_config(params)
     selector = Selector(pids=params['pids'], gpus=params['gpus'], users=params['users'], exclude_users=params['exclude_users'],
                         name=params['name'], cmdline=params['cmdline'], min_used_mib=params['min_used_mib'],
                         idle_for=params['idle_for'], idle_util_pct=params['idle_util_pct'], older_than=params['older_than'],
                         orphans=params['orphans'], rogue=params['rogue'], rogue_min_level=params['rogue_min_level'],
-                        all_on_gpus=params['all_on_gpus'], rogue_detector=selector_detector())
+                        all_on_gpus=params['all_on_gpus'], rogue_detector=selector_detector(config=config))
     options = ReclaimOptions(signal=params['signal'], timeout=params['timeout'], force=params['force'], tree=params['tree'],
                              release_timeout=params['release_timeout'], protect_names=params['protect_names'],
                              protect_users=params['protect_users'], vendor=params['vendor'],
@@ -454,6 +478,8 @@ def main():
         selector, options = build(module.params)
         # reclaim() selects (resolving gpus, failing on an unknown one) before anything is signalled.
         result = module_result(reclaim(selector, options, check_mode=module.check_mode))
+    except RulesError as exc:
+        module.fail_json(msg='invalid rogue rules: %s' % exc, file=exc.source, line=exc.line, field=exc.field)
     except InvalidArgument as exc:
         module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
     except GpuFleetError as exc:

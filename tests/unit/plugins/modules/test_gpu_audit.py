@@ -302,3 +302,33 @@ def test_bad_policy_fails_with_field_and_examines_nothing(node, monkeypatch, pol
 def test_missing_policy_file(node):
     result = run_module(base(node, policy=str(node['tmp'] / 'nope.yaml')))
     assert result['failed'] and 'cannot read the policy' in result['msg'] and str(node['tmp'] / 'nope.yaml') in result['msg']
+
+
+def kill_args(**extra):
+    args = dict((name, spec.get('default')) for name, spec in gpu_kill.argument_spec().items())
+    args.update(extra)
+    return args
+
+
+def test_gpu_kill_rogue_takes_the_audit_rules_and_allowlist(node, tmp_path):
+    snap = node['snapshot']()
+    plain, _options = gpu_kill.build(kill_args(rogue=True))
+    assert list(plain.rogue_detector(snap, 'critical')) == [node['miner']]
+    rules = tmp_path / 'rogue.yml'
+    rules.write_text('allowlist:\n  - user: %s\n    cmdline: "stratum"\n    comment: the pool test rig\n' % pwd_name(node['miner']))
+    allowed, _options = gpu_kill.build(kill_args(rogue=True, rules_file=str(rules)))
+    assert allowed.rogue_detector(snap, 'critical') == {}        # an allowlisted process is never selected
+    inline, _options = gpu_kill.build(kill_args(rogue=True, rules={'allowlist': [{'user': pwd_name(node['miner']),
+                                                                                   'cmdline': 'stratum'}]}))
+    assert inline.rogue_detector(snap, 'critical') == {}
+
+
+def test_gpu_kill_rules_need_rogue_and_a_valid_file(tmp_path):
+    with pytest.raises(gpu_kill.InvalidArgument) as info:
+        gpu_kill.build(kill_args(pids=[4242], rules={'allowlist': []}))
+    assert info.value.field == 'rules'
+    bad = tmp_path / 'bad.yml'
+    bad.write_text('rules:\n  - id: x\n    kind: hard\n    weight: 101\n    description: d\n    match: {cmdline: a}\n')
+    with pytest.raises(gpu_kill.RulesError) as info:
+        gpu_kill.build(kill_args(rogue=True, rules_file=str(bad)))
+    assert (info.value.source, info.value.line, info.value.field) == (str(bad), 4, 'rules[0].weight')
