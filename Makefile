@@ -78,7 +78,7 @@ demo: venv
 	PATH=$(BIN):$$PATH $(PY) tests/demo/run
 
 bench: venv sim
-	PATH=$(BIN):$$PATH $(PY) benchmarks/run
+	mkdir -p build/bench && PATH=$(BIN):$$PATH $(PY) benchmarks/run --json build/bench/last.json
 
 clean:
 	rm -rf build $(SIM_BUILD) tests/output
