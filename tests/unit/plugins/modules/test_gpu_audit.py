@@ -318,8 +318,8 @@ def test_gpu_kill_rogue_takes_the_audit_rules_and_allowlist(node, tmp_path):
     rules.write_text('allowlist:\n  - user: %s\n    cmdline: "stratum"\n    comment: the pool test rig\n' % pwd_name(node['miner']))
     allowed, _options = gpu_kill.build(kill_args(rogue=True, rules_file=str(rules)))
     assert allowed.rogue_detector(snap, 'critical') == {}        # an allowlisted process is never selected
-    inline, _options = gpu_kill.build(kill_args(rogue=True, rules={'allowlist': [{'user': pwd_name(node['miner']),
-                                                                                   'cmdline': 'stratum'}]}))
+    allowlist = [{'user': pwd_name(node['miner']), 'cmdline': 'stratum'}]
+    inline, _options = gpu_kill.build(kill_args(rogue=True, rules={'allowlist': allowlist}))
     assert inline.rogue_detector(snap, 'critical') == {}
 
 
