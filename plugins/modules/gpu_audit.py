@@ -456,13 +456,12 @@ def load_policy(spec):
     raise InvalidArgument('policy', spec, 'expected the path of a policy file, a mapping or a list of shorthand rules')
 
 
-def policy_dry_run(params, snapshot, now=None):
-    """(violations, policy summary, warnings) for O(policy); nothing is written or signalled."""
-    policy = load_policy(params['policy'])
+def policy_dry_run(policy, params, snapshot, now=None):
+    """(violations, policy summary, warnings) for the loaded O(policy); nothing is written or signalled."""
     paths = guard.Paths(state=params['state_path'] or '', history=params['history_path'] or '')
     violations, notes, warnings = guard.dry_run(policy, snapshot, paths, now=now)
     summary = {'source': policy.source, 'format': policy.format, 'mode': policy.mode,
-               'sha256': getattr(policy, 'sha256', None), 'notes': list(policy.notes or []) + list(notes[:100])}
+               'sha256': policy.sha256, 'notes': list(policy.notes or []) + list(notes[:100])}
     return violations, summary, warnings
 
 
@@ -497,8 +496,8 @@ def run(params, check_mode=False, snapshot=None):
     """The module's work without AnsibleModule: returns (result, warnings)."""
     validate(params)
     policy_result = None
-    if params.get('policy') is not None:
-        load_policy(params['policy'])  # a bad policy fails before anything is examined
+    # loaded first, so that a bad policy fails before anything is examined
+    policy = load_policy(params['policy']) if params.get('policy') is not None else None
     config = rogue.load_config(rules_file=params['rules_file'], rules=params['rules'])
     warnings = list(config.warnings)
     if snapshot is None:
@@ -509,8 +508,8 @@ def run(params, check_mode=False, snapshot=None):
     warnings.extend(w for w in detect_warnings if w not in warnings)
     warnings.extend(snapshot.errors)
     violations = []
-    if params.get('policy') is not None:
-        violations, policy_result, policy_warnings = policy_dry_run(params, snapshot)
+    if policy is not None:
+        violations, policy_result, policy_warnings = policy_dry_run(policy, params, snapshot)
         warnings.extend(w for w in policy_warnings if w not in warnings)
     report = None
     if params['history']:

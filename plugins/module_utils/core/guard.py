@@ -326,6 +326,15 @@ def escalate(violations, state, now, policy):
 
 
 # ============================================================================ actions
+def decide(policy, snapshot, state, now, context):
+    """The decision step of a tick (and of ``dry_run``): advance the idle clocks, evaluate the policy,
+    escalate.  Returns (new state, violations, notes, decisions); the escalation is recorded in the
+    new state, which the caller saves or drops."""
+    state = policy_mod.observe(policy, snapshot, state, now, context)
+    violations, notes = policy_mod.evaluate_detailed(policy, snapshot, state, now, context)
+    return state, violations, notes, escalate(violations, state, now, policy)
+
+
 def _reclaim_group(pids, signal_name, timeout, protect_names, protect_users, snapshot, settings, dev_roots=None):
     """End ``pids`` through core reclaim (one implementation: identity check, TERM -> KILL, tree)."""
     from .reclaim import ReclaimOptions, reclaim  # pylint: disable=import-outside-toplevel
@@ -632,9 +641,7 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
     if context is None:
         more, context = build_context(policy, snapshot, paths, settings)
         warnings.extend(more)
-    state = policy_mod.observe(policy, snapshot, state, now, context)
-    violations, notes = policy_mod.evaluate_detailed(policy, snapshot, state, now, context)
-    decisions = escalate(violations, state, now, policy)
+    state, violations, notes, decisions = decide(policy, snapshot, state, now, context)
     patterns = policy.notify.redact_patterns
     counters = state.setdefault('counters', new_state(now)['counters'])
     if write:
@@ -719,9 +726,8 @@ def dry_run(policy, snapshot, paths, settings=None, now=None):
         warnings.append(problem)
     more, context = build_context(policy, snapshot, paths, settings)
     warnings.extend(more)
-    state = policy_mod.observe(policy, snapshot, state, now, context)
-    violations, notes = policy_mod.evaluate_detailed(policy, snapshot, state, now, context)
-    decided = dict((d.key, d) for d in escalate(violations, state, now, policy) if d.violation is not None)
+    _state, violations, notes, decisions = decide(policy, snapshot, state, now, context)
+    decided = dict((d.key, d) for d in decisions if d.violation is not None)
     mode = settings.mode or policy.mode
     out = []
     for violation in violations:

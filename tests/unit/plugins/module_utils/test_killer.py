@@ -129,8 +129,8 @@ def test_check_mode_sends_nothing(spawn):
     assert proc.poll() is None
 
 
-class RecordingClock(object):
-    """A clock that advances only when the killer sleeps, so the test counts waits, not seconds."""
+class FakeClock(object):
+    """A clock that advances only when the code under test sleeps, so tests count waits, not seconds."""
 
     def __init__(self):
         self.now = 0.0
@@ -140,6 +140,13 @@ class RecordingClock(object):
 
     def sleep(self, seconds):
         self.now += seconds
+
+
+class RecordingClock(FakeClock):
+    """A FakeClock whose sleeps also yield for a moment, so real child processes get to run."""
+
+    def sleep(self, seconds):
+        super(RecordingClock, self).sleep(seconds)
         time.sleep(0.001)
 
 
@@ -203,17 +210,6 @@ def test_protected_user():
     prot = killer.Protection(protect_names=[], protect_users=['svc'], user_of_uid=lambda uid: 'svc')
     info = killer.ProcInfo(4242, 'python', 'S', 4000, 4242, 0, 100, 1234, '/usr/bin/python3', ['python'])
     assert 'protect_users' in prot.reason(info)
-
-
-class FakeClock(object):
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
 
 
 def test_wait_release_sees_memory_come_back_after_a_delay():
