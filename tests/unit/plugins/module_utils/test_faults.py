@@ -87,11 +87,30 @@ class Group(h.Children):
 
     def close(self):
         for child in self.procs:
+            # Once the leader is reaped its pid may be reused; the group id is still ours only while
+            # members of the group live (the kernel does not reuse a pid that names a live group).
+            if child.poll() is not None and not group_alive(child.pid):
+                continue
             try:
                 os.killpg(child.pid, signal.SIGKILL)
             except OSError:
                 pass
         super(Group, self).close()
+
+
+def group_alive(pgid):
+    """Whether any process is in process group ``pgid`` (from /proc/PID/stat)."""
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open('/proc/%s/stat' % entry, 'rb') as handle:
+                fields = handle.read().rsplit(b')', 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 @pytest.fixture
