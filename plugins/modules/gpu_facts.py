@@ -229,6 +229,9 @@ ansible_facts:
                 - Used memory in MiB that no process listed by the driver accounts for (used memory minus the sum of
                   the listed processes' memory, never below 0), for example memory leaked after a crash, or held by
                   forked children that the driver no longer lists.
+                - NVIDIA drivers use a few MiB per CUDA context that they charge to no process (8, 14 and 25 MiB with
+                  1, 2 and 4 processes on an H200 with driver 580). Up to 16 MiB per listed process this reads as V(0);
+                  above that the whole unattributed figure is returned.
                 - V(null) when it cannot be computed (a process list could not be read, a process's memory is not
                   available, or the GPU is lost).
               type: int

@@ -271,7 +271,8 @@ def find_gpu(state, ident):
 
 
 def gpu_used_mib(state, index, now=None):
-    """Device used memory = reserved + leaked + sum of counted entries' used_mib (null as 0)."""
+    """Device used memory = reserved + leaked + sum of counted entries' used_mib (null as 0), plus the
+    GPU's ``context_overhead_mib`` (memory the driver charges to no process) per counted entry."""
     gpu = gpu_by_index(state, index)
     if gpu is None:
         return None
@@ -281,7 +282,7 @@ def gpu_used_mib(state, index, now=None):
     used = (gpu.get('memory_reserved_mib') or 0) + (gpu.get('leaked_mib') or 0)
     for entry in state.get('processes', []):
         if entry.get('gpu') == index and entry_counted(entry, delay, now):
-            used += entry.get('used_mib') or 0
+            used += (entry.get('used_mib') or 0) + (gpu.get('context_overhead_mib') or 0)
     return used
 
 
@@ -303,7 +304,8 @@ def annotate(state, now=None):
         counted = entry_counted(entry, delay, now)
         entry['counted'] = counted
         entry['counted_mib'] = (entry.get('used_mib') or 0) if counted else 0
-        used[entry.get('gpu')] = used.get(entry.get('gpu'), 0) + entry['counted_mib']
+        overhead = (gpu_by_index(out, entry.get('gpu')) or {}).get('context_overhead_mib') or 0
+        used[entry.get('gpu')] = used.get(entry.get('gpu'), 0) + entry['counted_mib'] + (overhead if counted else 0)
     for gpu in out.get('gpus', []):
         total_used = (gpu.get('memory_reserved_mib') or 0) + (gpu.get('leaked_mib') or 0) + used.get(gpu.get('index'), 0)
         gpu['used_mib'] = total_used

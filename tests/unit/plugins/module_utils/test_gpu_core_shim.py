@@ -206,6 +206,23 @@ def test_r470_memory_v1_and_process_v2_fallback(work, variant):
     assert gpu1['health']['reasons'] == []
 
 
+def test_context_overhead_is_not_orphaned_memory_but_a_leak_on_top_is(work):
+    """The shim's per-process context overhead (what a real driver charges to no process: 8 MiB on an
+    H200 with driver 580) reads as 0 orphaned; a leak on top is reported whole, overhead included."""
+    jobs = [work.children.sleeper([work.path('nvidia0')]) for _index in range(4)]
+    other = work.children.sleeper([work.path('nvidia1')])
+    state = h.make_state(gpus=2, dev_dir=work.dev,
+                         processes=[h.make_process(job.pid, 0, 1024 * (n + 1)) for n, job in enumerate(jobs)]
+                         + [h.make_process(other.pid, 1, 1024)])
+    for gpu in state['gpus']:
+        gpu['context_overhead_mib'] = 8
+    state['gpus'][1]['leaked_mib'] = 512
+    devices = by_index(work.snapshot(state))
+    gpu0, gpu1 = devices[0], devices[1]
+    assert gpu0['memory_used_mib'] == 10240 + 4 * 8 and gpu0['orphaned_mib'] == 0
+    assert gpu1['memory_used_mib'] == 1024 + 8 + 512 and gpu1['orphaned_mib'] == 520
+
+
 def test_fd_only_holder_and_leftover_memory(work):
     """A forked worker keeps the device open after the driver stopped listing the parent."""
     listed = work.children.sleeper([work.path('nvidia0')])
