@@ -22,6 +22,9 @@ import re
 import stat
 import struct
 
+from .errors import InvalidArgument
+from .select import bounded_sub
+
 UTMP_PATHS = ('/run/utmp', '/var/run/utmp')
 USER_PROCESS = 7
 # struct utmp on Linux (glibc, 64-bit and 32-bit alike): 384 bytes.
@@ -31,16 +34,25 @@ MAX_MESSAGE = 4096
 MAX_CMDLINE = 512
 MAX_PAYLOAD = 256 * 1024
 REDACTED = '<redacted>'
+# What a command line becomes when a redact pattern ran past the match time bound.
+REDACTED_SLOW = '<redacted: a redact_patterns entry took too long on this command line>'
 
 
 # ---------------------------------------------------------------------------- redaction
 def redact_text(text, patterns):
     """``text`` with every match of ``patterns`` replaced.  A pattern's groups are kept (so that
-    ``--password=`` stays readable) and the rest of the match becomes ``<redacted>``."""
+    ``--password=`` stays readable) and the rest of the match becomes ``<redacted>``.
+
+    The patterns run under the selectors' bounds (select.bounded_sub: the first MAX_MATCH_TEXT
+    characters, MATCH_TIMEOUT_S per pattern).  A pattern that runs out of time fails closed: the
+    whole text becomes REDACTED_SLOW, never the unredacted text."""
     if not text:
         return text
     for pattern in patterns:
-        text = pattern.sub(_keep_groups, text)
+        try:
+            text = bounded_sub(pattern, _keep_groups, text, 'notify.redact_patterns')
+        except InvalidArgument:
+            return REDACTED_SLOW
     return text
 
 

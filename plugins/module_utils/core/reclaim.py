@@ -278,12 +278,51 @@ def _unreleased_cause(index, snapshot, victims, dev_roots, left_children):
             'gpufleet.reclaim.gpu_reset clears it')
 
 
-def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_roots=None):
+SIGNALLED_EVENT = 'gpu_kill_signalled'
+
+
+def signalled_record(victims):
+    """Who was signalled, and how it ended, without command lines (the guard's log is redacted)."""
+    out = []
+    for victim in victims:
+        if not victim.signals:
+            continue
+        entry = {'pid': victim.pid, 'starttime': victim.starttime, 'signals': list(victim.signals),
+                 'outcome': victim.outcome, 'user': victim.record.get('user'), 'name': victim.record.get('name'),
+                 'gpu_indexes': list(victim.record.get('gpu_indexes') or [])}
+        if victim.parent is not None:
+            entry['parent_pid'] = victim.parent
+        out.append(entry)
+    return out
+
+
+def _journal_signals(selector, options, victims, on_signalled, warnings):
+    """Record the signals before the driver is asked anything again.
+
+    The release check reads the vendor library; a library that crashes there (SIGSEGV) ends this
+    process, and a record written only at the end would be lost while the signals were sent.
+    """
+    signalled = signalled_record(victims)
+    if options.audit_path:
+        try:
+            audit_log.append(options.audit_path, {
+                'event': SIGNALLED_EVENT, 'actor': audit_log.actor(), 'selectors': selector_summary(selector),
+                'options': options.summary(), 'signalled': signalled})
+        except audit_log.AuditLogError as exc:
+            warnings.append(str(exc))
+    if on_signalled is not None:
+        on_signalled(signalled)
+
+
+def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_roots=None, on_signalled=None):
     """Run one reclaim and return the result dictionary that gpu_kill returns.
 
     Everything that can be invalid (GPUs named in the selector, options) is checked before any
     signal.  ``snapshot`` and ``dev_roots`` are test seams (device roots default to
-    processes.DEFAULT_DEV_ROOTS, read at call time).
+    processes.DEFAULT_DEV_ROOTS, read at call time).  Right after the signals (before the release
+    check queries the driver again) a ``gpu_kill_signalled`` record goes to the audit log and
+    ``on_signalled(entries)`` is called, so that a crash of the vendor library during the release
+    check cannot lose the record of what was signalled.
     """
     started = time.monotonic()
     now = time.time() if now is None else now
@@ -309,6 +348,8 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
                      kill_timeout=options.kill_timeout, check_mode=check_mode)
     release = {}
     unreleased = []
+    if not check_mode and any(v.signals for v in victims):
+        _journal_signals(selector, options, victims, on_signalled, warnings)
     if not check_mode:
         expected = _expected_release(snapshot, victims)
         if expected:
