@@ -48,7 +48,7 @@ DEFAULT_PATHS = {
     'allocations': '/run/gpufleet/allocations.json',
 }
 SETTINGS_KEYS = ('vendor', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path', 'lock_path',
-                 'webhook_url', 'webhook_timeout', 'release_timeout', 'history_retention_days')
+                 'webhook_url', 'webhook_allow_http', 'webhook_timeout', 'release_timeout', 'history_retention_days')
 MAX_TRACKED = 10000
 
 
@@ -108,6 +108,7 @@ def load_settings(path, paths):
         return settings
     if not isinstance(data, dict):
         raise InvalidArgument('settings', path, 'expected a mapping')
+    allow_http = False
     for key, value in data.items():
         if key not in SETTINGS_KEYS:
             raise InvalidArgument('%s: %s' % (path, key), value, 'unknown setting; expected one of %s' % ', '.join(SETTINGS_KEYS))
@@ -121,15 +122,21 @@ def load_settings(path, paths):
                 raise InvalidArgument('%s: vendor' % path, value, 'expected auto, nvidia, amd, intel or apple')
             settings.vendor = value
         elif key == 'webhook_url':
-            if value not in (None, '') and (not isinstance(value, str) or not value.startswith(('http://', 'https://'))):
-                raise InvalidArgument('%s: webhook_url' % path, '<redacted>', 'expected an http:// or https:// URL')
-            settings.webhook_url = value or None
+            settings.webhook_url = value if value not in (None, '') else None
+        elif key == 'webhook_allow_http':
+            if value is not None and not isinstance(value, bool):
+                raise InvalidArgument('%s: webhook_allow_http' % path, value, 'expected true or false')
+            allow_http = bool(value)
         else:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3650:
                 raise InvalidArgument('%s: %s' % (path, key), value, 'expected a positive number')
             setattr(settings, key, float(value) if key != 'history_retention_days' else int(value))
+    url = settings.webhook_url
+    why = None if url is None else notify_mod.webhook_url_problem(url, allow_http, 'webhook_allow_http')
+    if why:
+        raise InvalidArgument('%s: webhook_url' % path, (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why)
     return settings
 
 
