@@ -55,7 +55,7 @@ def test_amdsmi_numbers(value, cast):
     result = amd._num(value, cast)  # pylint: disable=protected-access
     assert result is None or type(result) is cast                              # pylint: disable=unidiomatic-typecheck
     assert finite_or_none(result, 0, U64)
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < U64:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < U64 and cast(value) < U64:
         assert result == cast(value)                                           # a plain good value is kept
 
 
