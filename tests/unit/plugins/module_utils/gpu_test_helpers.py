@@ -399,25 +399,31 @@ def _as_user(user):
     return {'user': entry.pw_uid, 'group': entry.pw_gid, 'extra_groups': []}
 
 
-def python_for_user(user):
-    """(interpreter, extra PYTHONPATH) that ``user`` can run with pynvml importable, or None.
+def python_for_user(user, modules=('pynvml',)):
+    """(interpreter, extra PYTHONPATH) that ``user`` can run with ``modules`` importable, or None.
 
-    This interpreter first; else the system python3 with pynvml's directory on its path (the
-    venv's interpreter may live under a directory other users cannot enter).
+    This interpreter first; else the system python3 with the directories these modules come from
+    on its path (the venv's interpreter may live under a directory other users cannot enter).
     """
-    import pynvml  # pylint: disable=import-outside-toplevel
-    pynvml_dir = os.path.dirname(os.path.abspath(pynvml.__file__))
-    for exe, path in ((sys.executable, ''), ('/usr/bin/python3', pynvml_dir), ('/bin/python3', pynvml_dir)):
+    import importlib  # pylint: disable=import-outside-toplevel
+    dirs = []
+    for name in modules:
+        where = os.path.abspath(importlib.import_module(name).__file__)
+        where = os.path.dirname(os.path.dirname(where) if os.path.basename(where) == '__init__.py' else where)
+        if where not in dirs:
+            dirs.append(where)
+    path = os.pathsep.join(dirs)
+    for exe, extra in ((sys.executable, ''), ('/usr/bin/python3', path), ('/bin/python3', path)):
         if not os.path.isfile(exe):
             continue
-        env = {'PATH': '/usr/bin:/bin', 'PYTHONPATH': path}
+        env = {'PATH': '/usr/bin:/bin', 'PYTHONPATH': extra}
         try:
-            proc = subprocess.run([exe, '-c', 'import pynvml'], env=env, stdout=subprocess.DEVNULL,
+            proc = subprocess.run([exe, '-c', 'import %s' % ', '.join(modules)], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, timeout=30, check=False, **_as_user(user))
         except (OSError, subprocess.SubprocessError):
             continue
         if proc.returncode == 0:
-            return exe, path
+            return exe, extra
     return None
 
 
