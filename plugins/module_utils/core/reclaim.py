@@ -282,13 +282,14 @@ SIGNALLED_EVENT = 'gpu_kill_signalled'
 
 
 def signalled_record(victims):
-    """Who was signalled, and how it ended, without command lines (the guard's log is redacted)."""
+    """Who was signalled so far, without command lines (the guard's log is redacted).  ``outcome`` is
+    ``pending`` for a process that had not exited yet (the run's own record says how it ended)."""
     out = []
     for victim in victims:
         if not victim.signals:
             continue
         entry = {'pid': victim.pid, 'starttime': victim.starttime, 'signals': list(victim.signals),
-                 'outcome': victim.outcome, 'user': victim.record.get('user'), 'name': victim.record.get('name'),
+                 'outcome': victim.outcome or 'pending', 'user': victim.record.get('user'), 'name': victim.record.get('name'),
                  'gpu_indexes': list(victim.record.get('gpu_indexes') or [])}
         if victim.parent is not None:
             entry['parent_pid'] = victim.parent
@@ -297,10 +298,11 @@ def signalled_record(victims):
 
 
 def _journal_signals(selector, options, victims, on_signalled, warnings):
-    """Record the signals before the driver is asked anything again.
+    """Record the first signals as soon as they are sent (killer.terminate's ``on_sent``).
 
-    The release check reads the vendor library; a library that crashes there (SIGSEGV) ends this
-    process, and a record written only at the end would be lost while the signals were sent.
+    The run may end before its own record: killed while it waits for the processes to exit (a
+    dropped SSH session hangs it up), or by a vendor library that crashes (SIGSEGV) during the
+    release check; the signals already sent must be on record anyway.
     """
     signalled = signalled_record(victims)
     if options.audit_path:
@@ -319,10 +321,11 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
 
     Everything that can be invalid (GPUs named in the selector, options) is checked before any
     signal.  ``snapshot`` and ``dev_roots`` are test seams (device roots default to
-    processes.DEFAULT_DEV_ROOTS, read at call time).  Right after the signals (before the release
-    check queries the driver again) a ``gpu_kill_signalled`` record goes to the audit log and
-    ``on_signalled(entries)`` is called, so that a crash of the vendor library during the release
-    check cannot lose the record of what was signalled.
+    processes.DEFAULT_DEV_ROOTS, read at call time).  Right after the first signals (before waiting
+    for the processes to exit and before the release check queries the driver again) a
+    ``gpu_kill_signalled`` record goes to the audit log and ``on_signalled(entries)`` is called, so
+    that a run that dies afterwards (hung up, or a vendor library crash) cannot lose the record of
+    what was signalled.
     """
     started = time.monotonic()
     now = time.time() if now is None else now
@@ -345,11 +348,10 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     victims = decided.victims
     would_signal = len(decided.would_signal)
     killer.terminate(victims, signum=signal_number(options.signal), timeout=options.timeout, force=options.force,
-                     kill_timeout=options.kill_timeout, check_mode=check_mode)
+                     kill_timeout=options.kill_timeout, check_mode=check_mode,
+                     on_sent=lambda sent: _journal_signals(selector, options, sent, on_signalled, warnings))
     release = {}
     unreleased = []
-    if not check_mode and any(v.signals for v in victims):
-        _journal_signals(selector, options, victims, on_signalled, warnings)
     if not check_mode:
         expected = _expected_release(snapshot, victims)
         if expected:

@@ -29,33 +29,6 @@ from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import
 
 pytestmark = [h.needs_gpusim, h.needs_root]
 
-COLLECTIONS = os.path.abspath(os.path.join(h.MODULE_UTILS_DIR, '..', '..', '..', '..', '..'))
-RUNNER = r'''
-import atexit, json, os, runpy, sys
-seen = []
-
-
-def hook(event, args):
-    if event == 'open' and isinstance(args[0], (str, bytes)):
-        path = os.fsdecode(args[0])
-        if path.endswith('/environ'):
-            seen.append(['environ', path])
-    elif event in ('os.kill', 'os.killpg'):
-        seen.append([event, int(args[0]), int(args[1])])
-
-
-sys.addaudithook(hook)
-atexit.register(lambda: sys.stderr.write('\nAUDIT %s\n' % json.dumps(seen)))
-sys.path.insert(0, sys.argv[1])
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes
-processes.DEFAULT_DEV_ROOTS = (sys.argv[2],)
-target, sys.argv = sys.argv[3], [sys.argv[3]] + sys.argv[4:]
-if target == 'gpufleet-guard':
-    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli
-    sys.exit(cli.main(sys.argv[1:]))
-runpy.run_module('ansible_collections.gpufleet.reclaim.plugins.modules.' + target, run_name='__main__')
-'''
-
 
 class Node(object):
     """A simulated node with root's and nobody's GPU workloads on GPU 0, and a scratch dir nobody owns."""
@@ -94,15 +67,15 @@ class Node(object):
         env = h.shim_env(self.sim.state)
         env.update(HOME=self.work, TMPDIR=self.work, PATH=os.path.join(h.sim_dir(), 'bin') + os.pathsep + env.get('PATH', ''),
                    PYTHONPATH=self.pythonpath)
-        proc = subprocess.run([self.python, '-c', RUNNER, COLLECTIONS, self.sim.dev, target] + argv, env=env, cwd='/',
+        proc = subprocess.run([self.python, '-c', h.MODULE_RUNNER, h.COLLECTIONS_DIR, self.sim.dev, target] + argv, env=env, cwd='/',
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=180, check=False,
                               user=self.nobody.pw_uid, group=self.nobody.pw_gid, extra_groups=[])
         err = proc.stderr.decode(errors='replace')
-        audit = [line for line in err.splitlines() if line.startswith('AUDIT ')]
-        assert audit, 'no audit record (rc %d): %s' % (proc.returncode, err[-3000:])
+        seen = h.module_runner_events(err)
+        assert seen is not None, 'no audit record (rc %d): %s' % (proc.returncode, err[-3000:])
         out = proc.stdout.decode(errors='replace').strip()
         result = json.loads(out) if out.startswith('{') else out
-        return proc.returncode, result, json.loads(audit[-1][6:]), err
+        return proc.returncode, result, seen, err
 
     def check_root_untouched(self, seen):
         """Root's workload and its child: alive, never signalled, their environment never opened."""

@@ -447,6 +447,45 @@ def run_reclaim_as(user, state_path, selector, options, dev_roots, check_mode=Fa
     return json.loads(proc.stdout.decode())
 
 
+# ---------------------------------------------------------------------------- modules in a separate process
+COLLECTIONS_DIR = os.path.abspath(os.path.join(MODULE_UTILS_DIR, '..', '..', '..', '..', '..'))
+# ``python -c MODULE_RUNNER COLLECTIONS_DIR DEV_ROOT TARGET ARGS...``: TARGET is a module name (ARGS: its
+# arguments file, as Ansible runs it) or gpufleet-guard (ARGS: the command line); the device root is
+# DEV_ROOT.  A Python audit hook records every /proc/PID/environ opened and every os.kill; the list
+# is written to stderr at exit (module_runner_events reads it back).
+MODULE_RUNNER = r'''
+import atexit, json, os, runpy, sys
+seen = []
+
+
+def hook(event, args):
+    if event == 'open' and isinstance(args[0], (str, bytes)):
+        path = os.fsdecode(args[0])
+        if path.endswith('/environ'):
+            seen.append(['environ', path])
+    elif event in ('os.kill', 'os.killpg'):
+        seen.append([event, int(args[0]), int(args[1])])
+
+
+sys.addaudithook(hook)
+atexit.register(lambda: sys.stderr.write('\nAUDIT %s\n' % json.dumps(seen)))
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes
+processes.DEFAULT_DEV_ROOTS = (sys.argv[2],)
+target, sys.argv = sys.argv[3], [sys.argv[3]] + sys.argv[4:]
+if target == 'gpufleet-guard':
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli
+    sys.exit(cli.main(sys.argv[1:]))
+runpy.run_module('ansible_collections.gpufleet.reclaim.plugins.modules.' + target, run_name='__main__')
+'''
+
+
+def module_runner_events(stderr_text):
+    """The events MODULE_RUNNER recorded, from its stderr (None when it wrote none)."""
+    lines = [line for line in stderr_text.splitlines() if line.startswith('AUDIT ')]
+    return json.loads(lines[-1][6:]) if lines else None
+
+
 # ---------------------------------------------------------------------------- module main() runs
 class ExitJson(Exception):
     """AnsibleModule.exit_json() was called; args[0] is the result."""

@@ -118,7 +118,7 @@ def test_a_crash_in_the_release_check_keeps_the_record_of_the_signals(node, tmp_
     assert not node.alive(target) and node.alive(bystander)
     (record,) = records(audit)                                               # written before the crash
     assert record['event'] == 'gpu_kill_signalled' and record['selectors']['cmdline'] == 'miner'
-    assert [(e['pid'], e['signals'], e['outcome']) for e in record['signalled']] == [(target, ['SIGTERM'], 'killed')]
+    assert [(e['pid'], e['signals'], e['outcome']) for e in record['signalled']] == [(target, ['SIGTERM'], 'pending')]
     assert audit_log.verify(audit) == {'valid': True, 'lines': 1, 'errors': []}
     rerun = run_reclaim(node, audit, {'cmdline': 'miner'})                  # nothing left to do
     assert rerun.returncode == 0, rerun.stderr.decode(errors='replace')[-2000:]
