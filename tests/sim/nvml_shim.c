@@ -28,6 +28,9 @@
  *    absent on purpose: nvitop picks a 32-byte process struct when only the first one exists.
  *  - Functions not implemented here are absent (pynvml reports FunctionNotFound) or stubs that
  *    answer NVML_ERROR_NOT_SUPPORTED.
+ *  - Fault injection: $GPUSIM_NVML_SEGFAULT="FUNCTION[:N]" makes the Nth call (default 1) of the
+ *    NVML function FUNCTION in this process die of SIGSEGV, as a crashing vendor library does
+ *    ("*" counts every call).  Calls are counted per process; nothing else changes.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -36,6 +39,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -752,9 +756,48 @@ static double gpu_util_pct(const sim_gpu *g)
 
 /* ------------------------------------------------------------------ call plumbing */
 
-static nvmlReturn_t api_begin(void)
+/* $GPUSIM_NVML_SEGFAULT="FUNCTION[:N]": the Nth matching call of this process raises SIGSEGV
+ * (the default action: the process dies, as it would on a crash inside the real library). */
+static unsigned long g_fault_calls;
+
+static void fault_point(const char *func)
+{
+    const char *spec = getenv("GPUSIM_NVML_SEGFAULT");
+    const char *colon;
+    size_t len;
+    unsigned long want = 1;
+    if (!spec || !*spec)
+        return;
+    colon = strchr(spec, ':');
+    len = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (colon) {
+        char *end = NULL;
+        want = strtoul(colon + 1, &end, 10);
+        if (!end || *end || want == 0)
+            want = 1;
+    }
+    if (!(len == 1 && spec[0] == '*') && (strlen(func) != len || strncmp(func, spec, len) != 0))
+        return;
+    if (++g_fault_calls < want)
+        return;
+    signal(SIGSEGV, SIG_DFL);
+    raise(SIGSEGV);
+}
+
+/* For public functions that hand their work to a shared helper (whose __func__ is the helper's). */
+static void fault_point_named(const char *func)
 {
     pthread_mutex_lock(&g_lock);
+    fault_point(func);
+    pthread_mutex_unlock(&g_lock);
+}
+
+#define api_begin() api_begin_at(__func__)
+
+static nvmlReturn_t api_begin_at(const char *func)
+{
+    pthread_mutex_lock(&g_lock);
+    fault_point(func);
     if (g_refcount == 0)
         return NVML_ERROR_UNINITIALIZED;
     return refresh() ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
@@ -830,6 +873,7 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     nvmlReturn_t rc = NVML_SUCCESS;
     (void)flags;
     pthread_mutex_lock(&g_lock);
+    fault_point(__func__);
     if (refresh())
         g_refcount++;
     else
@@ -1185,8 +1229,17 @@ static nvmlReturn_t codec_util(nvmlDevice_t dev, unsigned int *utilization, unsi
                 else { *utilization = 0; *samplingPeriodUs = 167000; });
 }
 
-nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int *u, unsigned int *period) { return codec_util(dev, u, period); }
-nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int *u, unsigned int *period) { return codec_util(dev, u, period); }
+nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t dev, unsigned int *u, unsigned int *period)
+{
+    fault_point_named(__func__);
+    return codec_util(dev, u, period);
+}
+
+nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t dev, unsigned int *u, unsigned int *period)
+{
+    fault_point_named(__func__);
+    return codec_util(dev, u, period);
+}
 
 /* Stubs for things a Linux datacenter GPU in the simulator does not report. */
 static nvmlReturn_t not_supported(nvmlDevice_t dev)
@@ -1195,7 +1248,7 @@ static nvmlReturn_t not_supported(nvmlDevice_t dev)
 }
 
 #define NOT_SUPPORTED_STUB(name, params, ...) \
-    nvmlReturn_t name params { __VA_ARGS__; return not_supported(dev); }
+    nvmlReturn_t name params { __VA_ARGS__; fault_point_named(#name); return not_supported(dev); }
 
 NOT_SUPPORTED_STUB(nvmlDeviceGetDriverModel_v2, (nvmlDevice_t dev, int *current, int *pending), (void)current, (void)pending)
 NOT_SUPPORTED_STUB(nvmlDeviceGetDriverModel, (nvmlDevice_t dev, int *current, int *pending), (void)current, (void)pending)
@@ -1263,7 +1316,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t dev, int type, int v3, unsign
 
 #define PROCESS_LIST(name, type, v3, entry_t) \
     nvmlReturn_t name(nvmlDevice_t dev, unsigned int *infoCount, entry_t *infos) \
-    { return running_processes(dev, type, v3, infoCount, infos, sizeof(entry_t)); }
+    { fault_point_named(#name); return running_processes(dev, type, v3, infoCount, infos, sizeof(entry_t)); }
 
 PROCESS_LIST(nvmlDeviceGetComputeRunningProcesses, PT_COMPUTE, 0, nvmlProcessInfo_v1_t)
 PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses, PT_GRAPHICS, 0, nvmlProcessInfo_v1_t)

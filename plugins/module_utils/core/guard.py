@@ -48,7 +48,7 @@ DEFAULT_PATHS = {
     'allocations': '/run/gpufleet/allocations.json',
 }
 SETTINGS_KEYS = ('vendor', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path', 'lock_path',
-                 'webhook_url', 'webhook_timeout', 'release_timeout', 'history_retention_days')
+                 'webhook_url', 'webhook_allow_http', 'webhook_timeout', 'release_timeout', 'history_retention_days')
 MAX_TRACKED = 10000
 
 
@@ -108,6 +108,7 @@ def load_settings(path, paths):
         return settings
     if not isinstance(data, dict):
         raise InvalidArgument('settings', path, 'expected a mapping')
+    allow_http = False
     for key, value in data.items():
         if key not in SETTINGS_KEYS:
             raise InvalidArgument('%s: %s' % (path, key), value, 'unknown setting; expected one of %s' % ', '.join(SETTINGS_KEYS))
@@ -121,15 +122,21 @@ def load_settings(path, paths):
                 raise InvalidArgument('%s: vendor' % path, value, 'expected auto, nvidia, amd, intel or apple')
             settings.vendor = value
         elif key == 'webhook_url':
-            if value not in (None, '') and (not isinstance(value, str) or not value.startswith(('http://', 'https://'))):
-                raise InvalidArgument('%s: webhook_url' % path, '<redacted>', 'expected an http:// or https:// URL')
-            settings.webhook_url = value or None
+            settings.webhook_url = value if value not in (None, '') else None
+        elif key == 'webhook_allow_http':
+            if value is not None and not isinstance(value, bool):
+                raise InvalidArgument('%s: webhook_allow_http' % path, value, 'expected true or false')
+            allow_http = bool(value)
         else:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3650:
                 raise InvalidArgument('%s: %s' % (path, key), value, 'expected a positive number')
             setattr(settings, key, float(value) if key != 'history_retention_days' else int(value))
+    url = settings.webhook_url
+    why = None if url is None else notify_mod.webhook_url_problem(url, allow_http, 'webhook_allow_http')
+    if why:
+        raise InvalidArgument('%s: webhook_url' % path, (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why)
     return settings
 
 
@@ -335,7 +342,8 @@ def decide(policy, snapshot, state, now, context):
     return state, violations, notes, escalate(violations, state, now, policy)
 
 
-def _reclaim_group(pids, signal_name, timeout, protect_names, protect_users, snapshot, settings, dev_roots=None):
+def _reclaim_group(pids, signal_name, timeout, protect_names, protect_users, snapshot, settings, dev_roots=None,
+                   on_signalled=None):
     """End ``pids`` through core reclaim (one implementation: identity check, TERM -> KILL, tree)."""
     from .reclaim import ReclaimOptions, reclaim  # pylint: disable=import-outside-toplevel
     from .select import Selector  # pylint: disable=import-outside-toplevel
@@ -343,7 +351,7 @@ def _reclaim_group(pids, signal_name, timeout, protect_names, protect_users, sna
     options = ReclaimOptions(signal=signal_name, timeout=timeout, force=True, tree=True,
                              release_timeout=settings.release_timeout, protect_names=protect_names,
                              protect_users=protect_users, vendor=settings.vendor, kill_timeout=5.0)
-    return reclaim(selector, options, check_mode=False, snapshot=snapshot, dev_roots=dev_roots)
+    return reclaim(selector, options, check_mode=False, snapshot=snapshot, dev_roots=dev_roots, on_signalled=on_signalled)
 
 
 def _outcomes(result):
@@ -385,8 +393,12 @@ def check_device_files(snapshot, pids, dev_roots=None, proc_root='/proc'):
         proc.device_paths = sorted(found)
 
 
-def execute(decisions, policy, mode, snapshot, settings, dev_roots=None):
-    """Carry out the act decisions (mode enforce) and fill each decision's ``outcome``."""
+def execute(decisions, policy, mode, snapshot, settings, dev_roots=None, journal=None):
+    """Carry out the act decisions (mode enforce) and fill each decision's ``outcome``.
+
+    ``journal(signal, entries)`` is called right after each group's signals, before the release
+    check asks the driver again (see reclaim.reclaim: a crashing vendor library must not lose the
+    record of the signals)."""
     acts = [d for d in decisions if d.decision == 'act']
     if mode != 'enforce':
         for decision in acts:
@@ -410,7 +422,8 @@ def execute(decisions, policy, mode, snapshot, settings, dev_roots=None):
         else:
             names, users = tuple(sorted(policy.protect.names)), tuple(sorted(policy.protect.users))
         try:
-            result = _reclaim_group(pids, signal_name, esc.sigkill_after, names, users, snapshot, settings, dev_roots)
+            hook = None if journal is None else (lambda entries, sig='SIG' + signal_name: journal(sig, entries))
+            result = _reclaim_group(pids, signal_name, esc.sigkill_after, names, users, snapshot, settings, dev_roots, hook)
             per_pid = _outcomes(result)
             error = None
         except GpuFleetError as exc:
@@ -645,7 +658,10 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
     patterns = policy.notify.redact_patterns
     counters = state.setdefault('counters', new_state(now)['counters'])
     if write:
-        execute(decisions, policy, mode, snapshot, settings, dev_roots)
+        def journal(signal_name, entries):
+            _log(paths, {'event': 'guard_signalled', 'tick': tick_id, 'host': host, 'mode': mode, 'signal': signal_name,
+                         'policy_sha256': policy.sha256, 'signalled': entries}, warnings)
+        execute(decisions, policy, mode, snapshot, settings, dev_roots, journal)
         failures = notify_users(decisions, policy, mode, host, settings, patterns)
         for channel, amount in failures.items():
             _count(counters, 'notify_failures', channel, amount)

@@ -292,7 +292,7 @@ def signal_name(signum):
 
 
 def terminate(victims, signum=signal.SIGTERM, timeout=10.0, force=False, kill_timeout=5.0, check_mode=False,
-              proc_root='/proc', clock=time.monotonic, sleep=time.sleep, poll=0.05):
+              proc_root='/proc', clock=time.monotonic, sleep=time.sleep, poll=0.05, on_sent=None):
     """Signal every victim at once, wait for all of them together, escalate survivors to SIGKILL.
 
     Victims are signalled back to back (not one wait after another), so 20 processes take about as
@@ -301,6 +301,10 @@ def terminate(victims, signum=signal.SIGTERM, timeout=10.0, force=False, kill_ti
     (SIGKILL listed only with ``force``, for a process that outlives ``timeout``).  Each victim
     ends as ``killed`` (exited, or exited by itself during the run), ``failed`` with the reason,
     or ``skipped`` (its pid was reused before the signal).  Returns the victims.
+
+    ``on_sent(victims)`` is called once, right after the first signals went out and before any wait
+    (when at least one was sent): the moment to record them, since the caller may be killed while
+    it waits (a dropped SSH session, a crashing library).
     """
     todo = [victim for victim in victims if victim.outcome is None]
     escalate = force and signum != signal.SIGKILL
@@ -312,6 +316,8 @@ def terminate(victims, signum=signal.SIGTERM, timeout=10.0, force=False, kill_ti
         return victims
     start = clock()
     pending = _signal_all(todo, signum, start, clock, proc_root, 'the signal')
+    if on_sent is not None and any(victim.signals for victim in todo):
+        on_sent(todo)
     pending = _wait_exit(pending, start, timeout, proc_root, clock, sleep, poll)
     if pending and escalate:
         killed_at = clock()

@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import datetime
 import errno
+import ipaddress
 import json
 import os
 import re
 import stat
 import struct
+from urllib.parse import urlsplit
+
+from .errors import InvalidArgument
+from .select import bounded_sub
 
 UTMP_PATHS = ('/run/utmp', '/var/run/utmp')
 USER_PROCESS = 7
@@ -31,16 +36,25 @@ MAX_MESSAGE = 4096
 MAX_CMDLINE = 512
 MAX_PAYLOAD = 256 * 1024
 REDACTED = '<redacted>'
+# What a command line becomes when a redact pattern ran past the match time bound.
+REDACTED_SLOW = '<redacted: a redact_patterns entry took too long on this command line>'
 
 
 # ---------------------------------------------------------------------------- redaction
 def redact_text(text, patterns):
     """``text`` with every match of ``patterns`` replaced.  A pattern's groups are kept (so that
-    ``--password=`` stays readable) and the rest of the match becomes ``<redacted>``."""
+    ``--password=`` stays readable) and the rest of the match becomes ``<redacted>``.
+
+    The patterns run under the selectors' bounds (select.bounded_sub: the first MAX_MATCH_TEXT
+    characters, MATCH_TIMEOUT_S per pattern).  A pattern that runs out of time fails closed: the
+    whole text becomes REDACTED_SLOW, never the unredacted text."""
     if not text:
         return text
     for pattern in patterns:
-        text = pattern.sub(_keep_groups, text)
+        try:
+            text = bounded_sub(pattern, _keep_groups, text, 'notify.redact_patterns')
+        except InvalidArgument:
+            return REDACTED_SLOW
     return text
 
 
@@ -290,6 +304,38 @@ class Notifier(object):
             if error:
                 result['errors'].append(error)
         return result
+
+
+def webhook_url_problem(url, allow_http=False, opt_in='allow_http'):
+    """None when ``url`` may be used as a webhook, else why not (for an error naming the field).
+
+    Only ``https://`` URLs, unless the host is a loopback one (127.0.0.0/8, ::1, localhost: the
+    payload never leaves the node) or ``allow_http`` (the setting named ``opt_in``) is true.
+    """
+    if not isinstance(url, str) or not re.match(r'^https?://[^\s]+$', url):
+        return 'expected an https:// URL'
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # pylint: disable=pointless-statement  # raises ValueError for a port that is not a number
+    except ValueError as exc:
+        return 'not a usable https:// URL: %s' % exc
+    if not host:
+        return 'expected an https:// URL with a host name'
+    if parts.scheme == 'https' or allow_http or is_loopback_host(host):
+        return None
+    return ('plain http:// would send the payload (user names, pids, command lines) and any password in the URL '
+            'unencrypted; use https://, a loopback host (127.0.0.0/8, ::1, localhost), or set %s: true' % opt_in)
+
+
+def is_loopback_host(host):
+    """Whether a URL's host name is a loopback address or ``localhost`` (no name is resolved)."""
+    if host.lower().rstrip('.') == 'localhost':
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def redact_url(url):

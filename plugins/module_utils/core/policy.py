@@ -38,6 +38,7 @@ import os
 import re
 import shlex
 
+from . import notify as notify_mod
 from .errors import InvalidArgument
 from .idle import process_utilization
 from .killer import DEFAULT_PROTECT_NAMES
@@ -1204,11 +1205,13 @@ def _notify(value, path):
     if hook is not None:
         sub = _join(path, 'webhook')
         _dict(hook, sub)
-        _only(hook, sub, ('url', 'timeout', 'enabled'))
+        _only(hook, sub, ('url', 'timeout', 'enabled', 'allow_http'))
+        allow_http = _bool(hook.get('allow_http', False), _join(sub, 'allow_http'))
         if hook.get('enabled', True):
             url = hook.get('url')
-            if url is not None and (not isinstance(url, str) or not re.match(r'^https?://[^\s]+$', url)):
-                raise _Bad(_join(sub, 'url'), '<redacted>' if isinstance(url, str) else url, 'expected an http:// or https:// URL')
+            why = None if url is None else notify_mod.webhook_url_problem(url, allow_http, _join(sub, 'allow_http'))
+            if why:
+                raise _Bad(_join(sub, 'url'), (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why)
         if 'timeout' in hook:
             timeout = _duration(hook['timeout'], _join(sub, 'timeout'))
             if not 0 < timeout <= 60:

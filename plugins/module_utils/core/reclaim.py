@@ -278,12 +278,54 @@ def _unreleased_cause(index, snapshot, victims, dev_roots, left_children):
             'gpufleet.reclaim.gpu_reset clears it')
 
 
-def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_roots=None):
+SIGNALLED_EVENT = 'gpu_kill_signalled'
+
+
+def signalled_record(victims):
+    """Who was signalled so far, without command lines (the guard's log is redacted).  ``outcome`` is
+    ``pending`` for a process that had not exited yet (the run's own record says how it ended)."""
+    out = []
+    for victim in victims:
+        if not victim.signals:
+            continue
+        entry = {'pid': victim.pid, 'starttime': victim.starttime, 'signals': list(victim.signals),
+                 'outcome': victim.outcome or 'pending', 'user': victim.record.get('user'), 'name': victim.record.get('name'),
+                 'gpu_indexes': list(victim.record.get('gpu_indexes') or [])}
+        if victim.parent is not None:
+            entry['parent_pid'] = victim.parent
+        out.append(entry)
+    return out
+
+
+def _journal_signals(selector, options, victims, on_signalled, warnings):
+    """Record the first signals as soon as they are sent (killer.terminate's ``on_sent``).
+
+    The run may end before its own record: killed while it waits for the processes to exit (a
+    dropped SSH session hangs it up), or by a vendor library that crashes (SIGSEGV) during the
+    release check; the signals already sent must be on record anyway.
+    """
+    signalled = signalled_record(victims)
+    if options.audit_path:
+        try:
+            audit_log.append(options.audit_path, {
+                'event': SIGNALLED_EVENT, 'actor': audit_log.actor(), 'selectors': selector_summary(selector),
+                'options': options.summary(), 'signalled': signalled})
+        except audit_log.AuditLogError as exc:
+            warnings.append(str(exc))
+    if on_signalled is not None:
+        on_signalled(signalled)
+
+
+def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_roots=None, on_signalled=None):
     """Run one reclaim and return the result dictionary that gpu_kill returns.
 
     Everything that can be invalid (GPUs named in the selector, options) is checked before any
     signal.  ``snapshot`` and ``dev_roots`` are test seams (device roots default to
-    processes.DEFAULT_DEV_ROOTS, read at call time).
+    processes.DEFAULT_DEV_ROOTS, read at call time).  Right after the first signals (before waiting
+    for the processes to exit and before the release check queries the driver again) a
+    ``gpu_kill_signalled`` record goes to the audit log and ``on_signalled(entries)`` is called, so
+    that a run that dies afterwards (hung up, or a vendor library crash) cannot lose the record of
+    what was signalled.
     """
     started = time.monotonic()
     now = time.time() if now is None else now
@@ -306,7 +348,8 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     victims = decided.victims
     would_signal = len(decided.would_signal)
     killer.terminate(victims, signum=signal_number(options.signal), timeout=options.timeout, force=options.force,
-                     kill_timeout=options.kill_timeout, check_mode=check_mode)
+                     kill_timeout=options.kill_timeout, check_mode=check_mode,
+                     on_sent=lambda sent: _journal_signals(selector, options, sent, on_signalled, warnings))
     release = {}
     unreleased = []
     if not check_mode:

@@ -127,16 +127,27 @@ def bounded_search(regex, text, field, timeout=None):
     elsewhere only the text bound (MAX_MATCH_TEXT) applies.  A timer already set is restored.
     """
     text = text[:MAX_MATCH_TEXT]
+    return _bounded(regex, field, len(text), timeout, regex.search, text)
+
+
+def bounded_sub(regex, repl, text, field, timeout=None):
+    """``regex.sub(repl, text)`` under the same bounds as bounded_search (text cut to MAX_MATCH_TEXT)."""
+    text = text[:MAX_MATCH_TEXT]
+    return _bounded(regex, field, len(text), timeout, regex.sub, repl, text)
+
+
+def _bounded(regex, field, length, timeout, call, *args):
+    """``call(*args)`` stopped after ``timeout`` seconds (SIGALRM, main thread only)."""
     timeout = MATCH_TIMEOUT_S if timeout is None else timeout
     if not hasattr(signal, 'setitimer') or threading.current_thread() is not threading.main_thread():
-        return regex.search(text)
+        return call(*args)
     started = time.monotonic()
     old_handler = signal.signal(signal.SIGALRM, _on_alarm)
     old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, timeout)
     timed_out = False
     try:
         try:
-            return regex.search(text)
+            return call(*args)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _MatchTimeout:
@@ -147,7 +158,7 @@ def bounded_search(regex, text, field, timeout=None):
             signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - started), 0.001), old_interval)
     if timed_out:
         raise InvalidArgument(field, regex.pattern, 'matching took longer than %ss on a %d-character text; '
-                              'simplify the pattern (avoid several .* or overlapping alternatives)' % (timeout, len(text)))
+                              'simplify the pattern (avoid several .* or overlapping alternatives)' % (timeout, length))
     return None
 
 

@@ -1,10 +1,13 @@
 """The fake libnvidia-ml.so.1 seen through the real pynvml: every field of the state file."""
 
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
-from conftest import MIB, make_gpu, make_process, probe, write_state
+from conftest import MIB, make_gpu, make_process, probe, shim_env, write_state
 
 pytest.importorskip('pynvml')
 
@@ -183,3 +186,34 @@ def test_state_is_private_to_the_env_var(shim_dirs, tmp_path):
     assert probe(one, shim_dirs['full'])['count'] == 1
     assert probe(two, shim_dirs['full'])['count'] == 4
     assert os.path.exists(one) and os.path.exists(two)
+
+
+SEGFAULT_PROBE = r'''
+import sys
+import pynvml as N
+N.nvmlInit()
+for i in range(3):
+    sys.stdout.write('count %d\n' % N.nvmlDeviceGetCount())
+    sys.stdout.flush()
+sys.stdout.write('procs %d\n' % len(N.nvmlDeviceGetComputeRunningProcesses(N.nvmlDeviceGetHandleByIndex(0))))
+sys.stdout.flush()
+sys.stdout.write('done\n')
+'''
+
+
+@pytest.mark.parametrize('spec,lines', [('nvmlDeviceGetCount_v2', 0), ('nvmlDeviceGetCount_v2:3', 2), ('*:2', 0),
+                                        ('nvmlInitWithFlags', 0), ('nvmlDeviceGetName', 5), ('nvmlDeviceGetCount_v2:x', 0),
+                                        ('nvmlDeviceGetComputeRunningProcesses_v3', 3)])
+def test_segfault_knob_kills_only_the_nth_matching_call(shim_dirs, state_path, spec, lines):
+    """GPUSIM_NVML_SEGFAULT=FUNCTION[:N]: the Nth call of FUNCTION in this process dies of SIGSEGV
+    (``*`` counts every call: init is the first); other functions and earlier calls answer normally."""
+    write_state(state_path, gpus=2)
+    env = shim_env(state_path, shim_dirs['full'], {'GPUSIM_NVML_SEGFAULT': spec, 'PYTHONFAULTHANDLER': ''})
+    proc = subprocess.run([sys.executable, '-c', SEGFAULT_PROBE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          timeout=60, check=False)
+    out = proc.stdout.decode().splitlines()
+    expected = ['count 2'] * 3 + ['procs 0', 'done']
+    if lines == len(expected):                         # never called: no crash
+        assert proc.returncode == 0 and out == expected
+    else:
+        assert proc.returncode == -signal.SIGSEGV and out == expected[:lines]

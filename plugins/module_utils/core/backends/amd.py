@@ -32,7 +32,7 @@ import traceback
 
 from .. import drm_fdinfo as drm
 from ..model import BackendStatus, Device, bytes_to_mib
-from .base import Backend, error_text, pci_bdf, read_device
+from .base import MAX_CELSIUS, Backend, error_text, pci_bdf, read_device, to_reading
 
 NOT_INSTALLED = 'amdsmi (the ROCm AMD SMI Python library) is not installed'
 AMD_PCI_VENDOR = '0x1002'
@@ -74,15 +74,29 @@ def _na(value):
 
 
 def _num(value, cast=int):
+    """A reading (amdsmi's values are unsigned 64-bit) or None: "N/A", ``{'value': ...}`` unwrapped,
+    and booleans, negative, infinite or larger figures refused (base.to_reading)."""
     value = _na(value)
     if isinstance(value, dict):
         value = _na(value.get('value'))
     if value is None:
         return None
-    try:
-        return cast(value)
-    except (TypeError, ValueError):
-        return None
+    return to_reading(value, cast)
+
+
+def _pct(value):
+    """A percentage reading (0-100) or None."""
+    return to_reading(value, int, 0, 100)
+
+
+def _celsius(value):
+    """A temperature reading in degrees Celsius, or None when absurd for a GPU."""
+    return to_reading(value, int, 0, MAX_CELSIUS)
+
+
+def _mapping(value):
+    """amdsmi answers a dict; anything else (a library bug, a changed API) reads as nothing."""
+    return value if isinstance(value, dict) else {}
 
 
 def _watts(value):
@@ -314,22 +328,24 @@ class AmdBackend(Backend):
                 dev.reading_failed('the VRAM usage', amd_error_text(exc))
             vram = None
         dev.uuid = _na(get(dev, 'the UUID', mod.amdsmi_get_gpu_device_uuid, handle))
-        asic = get(dev, 'the ASIC info', mod.amdsmi_get_gpu_asic_info, handle) or {}
-        dev.name = _na(asic.get('market_name'))
+        asic = _mapping(get(dev, 'the ASIC info', mod.amdsmi_get_gpu_asic_info, handle))
+        name = _na(asic.get('market_name'))
+        dev.name = name if isinstance(name, str) else None
         if hasattr(mod, 'amdsmi_get_gpu_enumeration_info'):
-            enum = self._quiet(mod.amdsmi_get_gpu_enumeration_info, handle) or {}
+            enum = _mapping(self._quiet(mod.amdsmi_get_gpu_enumeration_info, handle))
             dev.minor = _num(enum.get('drm_card'))
+        vram = _mapping(vram)
         if vram:
             dev.memory_total_mib = _num(vram.get('vram_total'))
             dev.memory_used_mib = _num(vram.get('vram_used'))
             if dev.memory_total_mib is not None and dev.memory_used_mib is not None:
                 dev.memory_free_mib = max(0, dev.memory_total_mib - dev.memory_used_mib)
-        activity = get(dev, 'the GPU activity', mod.amdsmi_get_gpu_activity, handle)
+        activity = _mapping(get(dev, 'the GPU activity', mod.amdsmi_get_gpu_activity, handle))
         if activity:
-            dev.utilization_pct = _num(activity.get('gfx_activity'))
-            dev.memory_utilization_pct = _num(activity.get('umc_activity'))
+            dev.utilization_pct = _pct(_num(activity.get('gfx_activity')))
+            dev.memory_utilization_pct = _pct(_num(activity.get('umc_activity')))
         dev.temperature_c = self._temperature(handle)
-        power = get(dev, 'the power info', mod.amdsmi_get_power_info, handle)
+        power = _mapping(get(dev, 'the power info', mod.amdsmi_get_power_info, handle))
         if power:
             for key in ('current_socket_power', 'socket_power', 'average_socket_power'):
                 dev.power_w = _num(power.get(key), float)
@@ -343,7 +359,7 @@ class AmdBackend(Backend):
         mod = self.amdsmi
         if not hasattr(mod, 'amdsmi_get_gpu_total_ecc_count'):
             return
-        ecc = self._quiet(mod.amdsmi_get_gpu_total_ecc_count, handle) or {}
+        ecc = _mapping(self._quiet(mod.amdsmi_get_gpu_total_ecc_count, handle))
         unc = _num(ecc.get('uncorrectable_count'))
         dev.ecc_uncorrected_volatile = unc
         if unc:
@@ -366,7 +382,7 @@ class AmdBackend(Backend):
             return None
         for sensor in ('EDGE', 'HOTSPOT', 'JUNCTION'):
             if hasattr(types, sensor):
-                value = _num(self._quiet(mod.amdsmi_get_temp_metric, handle, getattr(types, sensor), metrics.CURRENT))
+                value = _celsius(_num(self._quiet(mod.amdsmi_get_temp_metric, handle, getattr(types, sensor), metrics.CURRENT)))
                 if value is not None:
                     return value
         return None
@@ -383,16 +399,20 @@ class AmdBackend(Backend):
             return
         before = {}
         for info in first_procs if isinstance(first_procs, list) else []:
-            pid = _num(info.get('pid'))
+            pid = _num(_mapping(info).get('pid'))
             if pid is not None:
                 before[pid] = _engine_ns(info)
         for info in procs or []:
+            if not isinstance(info, dict):
+                dev.processes_complete = False
+                dev.reading_failed('a process entry', 'amdsmi answered %s, not a process record' % type(info).__name__)
+                continue
             if 'error' in info and 'pid' not in info:
                 dev.processes_complete = False
-                dev.reading_failed('a process entry', info['error'])
+                dev.reading_failed('a process entry', str(info['error'])[:200])
                 continue
             pid = _num(info.get('pid'))
-            if pid is None:
+            if not pid:
                 continue
             usage = info.get('memory_usage') or {}
             vram = _num(usage.get('vram_mem')) if isinstance(usage, dict) else None

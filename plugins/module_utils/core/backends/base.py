@@ -13,6 +13,7 @@ never hides the others, an error reading a GPU lands in that Device's health and
 
 from __future__ import annotations
 
+import math
 import subprocess
 
 from ..model import BackendStatus
@@ -39,13 +40,30 @@ def pci_bdf(text):
 
 
 def to_number(value, cast=int):
-    """``cast(value)``, or None for None, booleans and what does not convert (a tool's "N/A")."""
+    """``cast(value)``, or None for None, booleans, what does not convert (a tool's "N/A") and
+    infinite or NaN results (``float('inf')``, JSON's ``Infinity``)."""
     if value is None or isinstance(value, bool):
         return None
     try:
-        return cast(value)
+        number = cast(value)
     except (TypeError, ValueError, OverflowError):  # int(float('inf')) overflows
         return None
+    if isinstance(number, float) and not math.isfinite(number):
+        return None
+    return number
+
+
+# Hotter than any GPU runs (they throttle near 100 C and shut down well below this): no reading.
+MAX_CELSIUS = 250
+
+
+def to_reading(value, cast=int, low=0, high=2 ** 64 - 1):
+    """to_number() for a counter or a measurement a vendor tool reports: None outside ``low``..``high``
+    (the tools' fields are unsigned 64-bit; a negative or larger figure is a wrong one, not a reading)."""
+    number = to_number(value, cast)
+    if number is None or not low <= number <= high:
+        return None
+    return number
 
 
 def run_command(argv, timeout):

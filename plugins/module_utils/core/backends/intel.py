@@ -38,13 +38,23 @@ import time
 
 from .. import drm_fdinfo as drm
 from ..model import BackendStatus, Device, bytes_to_mib
-from .base import Backend, read_device, run_command, to_number
+from .base import MAX_CELSIUS, Backend, read_device, run_command, to_reading
 
 INTEL_PCI_VENDOR = '0x8086'
 # PCI class 0x03xxxx: display controllers (integrated and discrete GPUs).
 DISPLAY_CLASS_PREFIX = drm.DISPLAY_CLASS_PREFIX
 XPU_SMI = 'xpu-smi'
 XPU_SMI_TIMEOUT_S = 20
+# xpu-smi device ids are small indexes.
+MAX_XPU_ID = 4096
+
+
+def _parse_json(text):
+    """The JSON document ``text`` holds, or None (not JSON, or nested too deep for the parser)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def count_intel_gpus(sys_root='/sys'):
@@ -130,8 +140,8 @@ class IntelBackend(Backend):
             return
         self.xpu = {}
         for item in devices:
-            if isinstance(item, dict) and item.get('pci_bdf_address'):
-                self.xpu[str(item['pci_bdf_address']).lower()] = item
+            if isinstance(item, dict) and isinstance(item.get('pci_bdf_address'), str) and item['pci_bdf_address']:
+                self.xpu[item['pci_bdf_address'].lower()] = item
 
     def _xpu_smi(self, *args):
         rc, out, err = self.runner([self.xpu_path] + list(args), XPU_SMI_TIMEOUT_S)
@@ -142,11 +152,10 @@ class IntelBackend(Backend):
             lines = (err or out or '').strip().splitlines()
             self.notes.append('%s failed (%s): using sysfs only' % (what, lines[-1] if lines else 'rc %s' % rc))
             return None
-        try:
-            return json.loads(out)
-        except ValueError:
+        data = _parse_json(out)
+        if data is None:
             self.notes.append('%s printed no JSON: using sysfs only' % what)
-            return None
+        return data
 
     # ------------------------------------------------------------------ reading
     def _sample(self):
@@ -171,10 +180,9 @@ class IntelBackend(Backend):
 
     def _xpu_id(self, card):
         item = (self.xpu or {}).get(card.bdf)
-        try:
-            return int(item['device_id']) if item is not None else None
-        except (KeyError, TypeError, ValueError):
+        if item is None or isinstance(item.get('device_id'), float):
             return None
+        return to_reading(item.get('device_id'), int, 0, MAX_XPU_ID)
 
     def _read_card(self, dev, card, first, second):
         if drm.card_lost(dev, card):
@@ -227,11 +235,11 @@ class IntelBackend(Backend):
         item = (self.xpu or {}).get(card.bdf)
         if item is None:
             return
-        if item.get('device_name'):
-            dev.name = str(item['device_name'])
-        if item.get('uuid'):
-            dev.uuid = str(item['uuid'])
-        size = to_number(item.get('memory_physical_size_byte'), float)
+        if isinstance(item.get('device_name'), str) and item['device_name']:
+            dev.name = item['device_name']
+        if isinstance(item.get('uuid'), str) and item['uuid']:
+            dev.uuid = item['uuid']
+        size = to_reading(item.get('memory_physical_size_byte'), float)
         if size and dev.memory_total_mib is None:
             dev.memory_total_mib = bytes_to_mib(int(size))
         device_id = self._xpu_id(card)
@@ -241,26 +249,27 @@ class IntelBackend(Backend):
         if rc != 0:
             dev.errors.append('xpu-smi stats -d %d -j failed: %s' % (device_id, (err or out).strip() or 'rc %s' % rc))
             return
-        try:
-            data = json.loads(out)
-        except ValueError:
+        data = _parse_json(out)
+        if data is None:
             dev.errors.append('xpu-smi stats -d %d -j printed no JSON' % device_id)
             return
+        level = data.get('device_level') if isinstance(data, dict) else None
         metrics = {}
-        for entry in (data.get('device_level') or []) if isinstance(data, dict) else []:
-            if isinstance(entry, dict) and entry.get('metrics_type'):
-                metrics[entry['metrics_type']] = to_number(entry.get('value'), float)
-        used = metrics.get('XPUM_STATS_MEMORY_USED')  # MiB
+        for entry in level if isinstance(level, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get('metrics_type'), str):
+                metrics[entry['metrics_type']] = entry.get('value')
+        # a figure out of range is a wrong one: the sysfs reading (or None) stays
+        used = to_reading(metrics.get('XPUM_STATS_MEMORY_USED'), float)  # MiB
         if used is not None:
             dev.memory_used_mib = int(used)
             if dev.memory_total_mib is not None:
                 dev.memory_free_mib = max(0, dev.memory_total_mib - dev.memory_used_mib)
-        util = metrics.get('XPUM_STATS_GPU_UTILIZATION')
+        util = to_reading(metrics.get('XPUM_STATS_GPU_UTILIZATION'), float, 0, 100)
         if util is not None:
             dev.utilization_pct = int(round(util))
-        temp = metrics.get('XPUM_STATS_GPU_CORE_TEMPERATURE')
+        temp = to_reading(metrics.get('XPUM_STATS_GPU_CORE_TEMPERATURE'), float, 0, MAX_CELSIUS)
         if temp is not None:
             dev.temperature_c = int(round(temp))
-        power = metrics.get('XPUM_STATS_POWER')
+        power = to_reading(metrics.get('XPUM_STATS_POWER'), float)
         if power is not None:
             dev.power_w = round(power, 3)

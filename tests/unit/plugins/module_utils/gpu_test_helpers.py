@@ -399,25 +399,31 @@ def _as_user(user):
     return {'user': entry.pw_uid, 'group': entry.pw_gid, 'extra_groups': []}
 
 
-def python_for_user(user):
-    """(interpreter, extra PYTHONPATH) that ``user`` can run with pynvml importable, or None.
+def python_for_user(user, modules=('pynvml',)):
+    """(interpreter, extra PYTHONPATH) that ``user`` can run with ``modules`` importable, or None.
 
-    This interpreter first; else the system python3 with pynvml's directory on its path (the
-    venv's interpreter may live under a directory other users cannot enter).
+    This interpreter first; else the system python3 with the directories these modules come from
+    on its path (the venv's interpreter may live under a directory other users cannot enter).
     """
-    import pynvml  # pylint: disable=import-outside-toplevel
-    pynvml_dir = os.path.dirname(os.path.abspath(pynvml.__file__))
-    for exe, path in ((sys.executable, ''), ('/usr/bin/python3', pynvml_dir), ('/bin/python3', pynvml_dir)):
+    import importlib  # pylint: disable=import-outside-toplevel
+    dirs = []
+    for name in modules:
+        where = os.path.abspath(importlib.import_module(name).__file__)
+        where = os.path.dirname(os.path.dirname(where) if os.path.basename(where) == '__init__.py' else where)
+        if where not in dirs:
+            dirs.append(where)
+    path = os.pathsep.join(dirs)
+    for exe, extra in ((sys.executable, ''), ('/usr/bin/python3', path), ('/bin/python3', path)):
         if not os.path.isfile(exe):
             continue
-        env = {'PATH': '/usr/bin:/bin', 'PYTHONPATH': path}
+        env = {'PATH': '/usr/bin:/bin', 'PYTHONPATH': extra}
         try:
-            proc = subprocess.run([exe, '-c', 'import pynvml'], env=env, stdout=subprocess.DEVNULL,
+            proc = subprocess.run([exe, '-c', 'import %s' % ', '.join(modules)], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, timeout=30, check=False, **_as_user(user))
         except (OSError, subprocess.SubprocessError):
             continue
         if proc.returncode == 0:
-            return exe, path
+            return exe, extra
     return None
 
 
@@ -439,6 +445,45 @@ def run_reclaim_as(user, state_path, selector, options, dev_roots, check_mode=Fa
     if proc.returncode != 0:
         raise AssertionError('reclaim runner failed (%d): %s' % (proc.returncode, proc.stderr.decode(errors='replace')))
     return json.loads(proc.stdout.decode())
+
+
+# ---------------------------------------------------------------------------- modules in a separate process
+COLLECTIONS_DIR = os.path.abspath(os.path.join(MODULE_UTILS_DIR, '..', '..', '..', '..', '..'))
+# ``python -c MODULE_RUNNER COLLECTIONS_DIR DEV_ROOT TARGET ARGS...``: TARGET is a module name (ARGS: its
+# arguments file, as Ansible runs it) or gpufleet-guard (ARGS: the command line); the device root is
+# DEV_ROOT.  A Python audit hook records every /proc/PID/environ opened and every os.kill; the list
+# is written to stderr at exit (module_runner_events reads it back).
+MODULE_RUNNER = r'''
+import atexit, json, os, runpy, sys
+seen = []
+
+
+def hook(event, args):
+    if event == 'open' and isinstance(args[0], (str, bytes)):
+        path = os.fsdecode(args[0])
+        if path.endswith('/environ'):
+            seen.append(['environ', path])
+    elif event in ('os.kill', 'os.killpg'):
+        seen.append([event, int(args[0]), int(args[1])])
+
+
+sys.addaudithook(hook)
+atexit.register(lambda: sys.stderr.write('\nAUDIT %s\n' % json.dumps(seen)))
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes
+processes.DEFAULT_DEV_ROOTS = (sys.argv[2],)
+target, sys.argv = sys.argv[3], [sys.argv[3]] + sys.argv[4:]
+if target == 'gpufleet-guard':
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli
+    sys.exit(cli.main(sys.argv[1:]))
+runpy.run_module('ansible_collections.gpufleet.reclaim.plugins.modules.' + target, run_name='__main__')
+'''
+
+
+def module_runner_events(stderr_text):
+    """The events MODULE_RUNNER recorded, from its stderr (None when it wrote none)."""
+    lines = [line for line in stderr_text.splitlines() if line.startswith('AUDIT ')]
+    return json.loads(lines[-1][6:]) if lines else None
 
 
 # ---------------------------------------------------------------------------- module main() runs

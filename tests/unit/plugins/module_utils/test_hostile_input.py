@@ -145,6 +145,14 @@ def test_regex_timeout_restores_an_earlier_timer():
             select.bounded_search(select.compile_regex('cmdline', '.*.*.*x'), 'a' * 20000, 'cmdline', timeout=0.2)
         assert err.value.field == 'cmdline' and '.*.*.*x' in str(err.value)
         assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 50.0
+        # redaction (select.bounded_sub) shares the bound and the timer handling
+        patterns = [select.compile_regex('redact', p) for p in policy.DEFAULT_REDACT_PATTERNS]
+        assert notify.redact(['x', '--token=abc'], patterns) == 'x --token=<redacted>'
+        with pytest.raises(InvalidArgument) as err:
+            select.bounded_sub(select.compile_regex('notify.redact_patterns', '.*.*.*x'), '', 'a' * 20000, 'notify.redact_patterns',
+                               timeout=0.2)
+        assert err.value.field == 'notify.redact_patterns'
+        assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 50.0
         assert signal.getsignal(signal.SIGALRM) is not select._on_alarm  # pylint: disable=protected-access
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -341,6 +349,50 @@ def test_redact_hostile_command_lines(argv):
         return
     assert isinstance(text, str) and len(text) <= notify.MAX_CMDLINE + 3
     assert 'hunter2' not in text
+
+
+REDACT_RUNNER = r'''
+import json, sys
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import notify, policy, select
+select.MATCH_TIMEOUT_S = 0.25
+out = {}
+secret = 'hunter2'
+argv = ['python', 'train.py', '--password=' + secret, 'a' * (select.MAX_MATCH_TEXT - 100) + '!' + 'a' * 1000000]
+for pattern in json.loads(sys.argv[1]):
+    doc = 'notify: {tty: false, redact_patterns: [%s]}\n' % json.dumps(pattern)
+    try:
+        patterns = policy.load_policy_text(doc).notify.redact_patterns
+    except policy.PolicyError as err:
+        out[pattern] = 'rejected: ' + ','.join(e[0] for e in err.errors)
+        continue
+    text = notify.redact(argv, patterns)
+    described = notify.describe_procs([{'pid': 7, 'cmdline': argv}], patterns)[0]['cmdline']
+    out[pattern] = {'text': text, 'same': described == text, 'leaks': secret in text}
+print(json.dumps(out))
+'''
+
+
+def test_catastrophic_redact_patterns_are_rejected_or_fail_closed():
+    """Policy ``notify.redact_patterns`` go through the selectors' guards: nested quantifiers are
+    refused when the policy is validated (the error names the field); slow patterns are stopped by
+    the same match time bound, and the command line is then redacted whole (never sent as it was)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    patterns = CATASTROPHIC + ['(?i)(--password=)\\S+']
+    proc = subprocess.run([sys.executable, '-c', REDACT_RUNNER, json.dumps(patterns)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=120, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr.decode('utf-8', 'replace')[-2000:]
+    outcome = json.loads(proc.stdout.decode())
+    assert outcome['(a+)+$'] == 'rejected: notify.redact_patterns'          # nested: refused at validation
+    assert outcome['((a+))+$'] == 'rejected: notify.redact_patterns'
+    slow = outcome['.*.*.*x']                                               # polynomial: stopped, fails closed
+    assert slow['text'] == notify.REDACTED_SLOW and slow['same'] and not slow['leaks']
+    for pattern, result in outcome.items():
+        if isinstance(result, str):
+            assert result == 'rejected: notify.redact_patterns', (pattern, result)
+            continue
+        assert not result['leaks'] and result['same'], (pattern, result)
+        assert result['text'] == notify.REDACTED_SLOW or len(result['text']) <= notify.MAX_CMDLINE + 3, pattern
+    assert outcome['(?i)(--password=)\\S+']['text'].startswith('python train.py --password=<redacted> aaa')
 
 
 # ---------------------------------------------------------------------------- fdinfo and ioreg text

@@ -350,13 +350,17 @@ def test_each_action_is_appended_to_the_audit_log(node, tmp_path):
     run(node, pids=[first], audit_path=audit)                  # nothing to do: no line
     run(node, cmdline='b.py', audit_path=audit, force=True)
     with open(audit) as handle:
-        lines = [json.loads(line) for line in handle]
-    assert [line['event'] for line in lines] == ['gpu_kill', 'gpu_kill']
+        records = [json.loads(line) for line in handle]
+    # each run: what was signalled (written before the release check asks the driver again), then the run
+    assert [line['event'] for line in records] == ['gpu_kill_signalled', 'gpu_kill'] * 2
+    assert [e['pid'] for e in records[0]['signalled']] == [first] and records[0]['signalled'][0]['signals'] == ['SIGTERM']
+    assert [e['pid'] for e in records[2]['signalled']] == [second]
+    lines = [line for line in records if line['event'] == 'gpu_kill']
     assert lines[0]['selectors']['pids'] == [first] and lines[1]['selectors']['cmdline'] == 'b.py'
     assert pids(lines[0]['killed']) == [first] and pids(lines[1]['killed']) == [second]
     assert lines[1]['options']['force'] is True and lines[0]['actor']['uid'] == os.geteuid()
     assert lines[0]['ts'].endswith('Z') and lines[0]['freed_mib'] == {'0': 1024}
-    assert audit_log.verify(audit) == {'valid': True, 'lines': 2, 'errors': []}
+    assert audit_log.verify(audit) == {'valid': True, 'lines': 4, 'errors': []}
 
 
 def test_an_unwritable_audit_log_is_a_warning_not_a_lost_result(node, tmp_path):

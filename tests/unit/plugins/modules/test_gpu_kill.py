@@ -147,10 +147,12 @@ def test_audit_log_lines_chain_and_name_the_actor(node):
     second = node.spawn(1, 512, argv=['trainer'])
     run_module(node, {'name': 'trainer', 'force': True})
     run_module(node, {'name': 'trainer'})  # nothing left: no line
-    assert audit_log.verify(node.audit) == {'valid': True, 'lines': 2, 'errors': []}
+    assert audit_log.verify(node.audit) == {'valid': True, 'lines': 4, 'errors': []}
     with open(node.audit) as handle:
         lines = handle.read().splitlines()
-    assert str(second) in lines[1] and '"event":"gpu_kill"' in lines[0] and '"actor":' in lines[0]
+    # per run: the signals (written before the release check), then the whole run
+    assert '"event":"gpu_kill_signalled"' in lines[0] and '"event":"gpu_kill"' in lines[1] and '"actor":' in lines[1]
+    assert str(second) in lines[3] and '"event":"gpu_kill_signalled"' in lines[2]
 
 
 @needs_sim
