@@ -186,13 +186,18 @@ def test_ssh_drop_during_gpu_kill(fleet):
     path, report = fleet.verify_audit_log(node)
     print('audit log %s: %s' % (path, json.dumps(report, default=str)), flush=True)
     assert report['valid'] is True, report
-    kills = []
     with open(path, encoding='utf-8') as handle:
-        for line in handle:
-            record = json.loads(line)
-            kills.extend(k.get('pid') for k in record.get('killed', []) or [])
-    assert stubborn in kills, 'the rerun\'s kill is in the action log'
-    assert bystander not in kills
+        records = [json.loads(line) for line in handle]
+    # The run that died left the record of the SIGTERMs it had sent (written right after them, before
+    # the wait); the rerun left its own two records.  Nothing names the bystander.
+    events = [r['event'] for r in records]
+    assert events == ['gpu_kill_signalled', 'gpu_kill_signalled', 'gpu_kill'], events
+    first = dict((e['pid'], e) for e in records[0]['signalled'])
+    assert sorted(first) == sorted([stubborn, polite]), records[0]
+    assert all(e['signals'] == ['SIGTERM'] for e in first.values()), records[0]
+    assert [k['pid'] for k in records[2]['killed']] == [stubborn], records[2]
+    assert str(bystander) not in json.dumps([[e.get('pid') for e in r.get('signalled', []) + r.get('killed', [])]
+                                             for r in records])
 
 
 def test_node_lost_mid_playbook(fleet):
