@@ -8,6 +8,8 @@ Needs root, util-linux unshare and openssh-server (up installs it when missing).
 
 import json
 import os
+import pwd
+import re
 import shutil
 import signal
 import socket
@@ -432,3 +434,89 @@ def test_port_taken_meanwhile_is_retried(tmp_path, monkeypatch):
         fleet_lib.down(fleet_dir, quiet=True)
     for node in started.nodes:
         node.proc.wait(timeout=10)  # this test process is their parent: reap them
+
+
+UNREACHABLE_PLAYBOOK = '''
+- name: Read every node first
+  hosts: gpu_nodes
+  gather_facts: false
+  tasks:
+    - name: GPU facts
+      gpufleet.reclaim.gpu_facts:
+- name: Wait while the test takes a node down
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: Wait for the flag file
+      ansible.builtin.wait_for:
+        path: "{{ flag }}"
+        timeout: 120
+- name: Reclaim bob's GPUs
+  hosts: gpu_nodes
+  gather_facts: false
+  tasks:
+    - name: Kill bob's GPU processes
+      gpufleet.reclaim.gpu_kill:
+        users: [bob]
+        force: true
+        timeout: 5
+        release_timeout: 5
+        audit_log: ""
+'''
+
+
+def test_a_node_that_dies_mid_playbook_is_unreachable_and_the_others_finish(tmp_path):
+    """The collection's playbook flow when a node goes away between two plays: the node is reported
+    unreachable, the other nodes finish the work, nothing else is touched.  The node is one of this
+    test's own fleet (its PID namespace is ended through the recorded init pid, start time checked)."""
+    try:
+        pwd.getpwnam('bob')
+    except KeyError:
+        pytest.skip('user bob does not exist')
+    fleet_dir = str(tmp_path / 'u')
+    env = py_env(str(tmp_path))
+    collections = tmp_path / 'collections' / 'ansible_collections' / 'gpufleet'
+    collections.mkdir(parents=True)
+    os.symlink(os.path.dirname(os.path.dirname(FLEET)), str(collections / 'reclaim'))
+    env['ANSIBLE_COLLECTIONS_PATH'] = str(tmp_path / 'collections')
+    playbook, flag, log = tmp_path / 'play.yml', tmp_path / 'go', tmp_path / 'play.out'
+    playbook.write_text(UNREACHABLE_PLAYBOOK)
+    try:
+        up(fleet_dir, 3, '--gpus', '2', env=env)
+        records = dict((r['name'], r) for r in load_nodes(fleet_dir))
+        bob = {}
+        for name in records:
+            bob[name] = int(ssh(fleet_dir, name, 'gpusim spawn --gpu 0 --mib 1024 --user bob -- python train.py').stdout)
+        with open(str(log), 'w') as out:
+            play = subprocess.Popen(['ansible-playbook', '-i', os.path.join(fleet_dir, 'inventory.ini'), str(playbook),
+                                     '-e', 'flag=%s' % flag], stdout=out, stderr=subprocess.STDOUT, env=env)
+            try:
+                deadline = time.monotonic() + 120
+                while 'PLAY [Wait while the test' not in log.read_text() and play.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert play.poll() is None and 'PLAY [Wait while the test' in log.read_text(), log.read_text()
+                gone = records['node02']
+                assert is_running(gone['init_pid'], gone['init_starttime'])
+                os.kill(gone['init_pid'], signal.SIGKILL)                       # the node dies (its whole PID namespace)
+                deadline = time.monotonic() + 30
+                while is_running(gone['init_pid'], gone['init_starttime']) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                flag.write_text('go')
+                rc = play.wait(timeout=300)
+            finally:
+                if play.poll() is None:
+                    play.kill()
+                    play.wait()
+        text = log.read_text()
+        assert rc == 4, text                                                  # ansible-playbook: some host unreachable
+        recap = dict((m.group(1), m.group(2)) for m in re.finditer(r'^(node\d+)\s+: (ok=.*)$', text, re.M))
+        assert 'unreachable=1' in recap['node02'] and 'failed=0' in recap['node02'], recap
+        for name in ('node01', 'node03'):
+            assert 'changed=1' in recap[name] and 'unreachable=0' in recap[name] and 'failed=0' in recap[name], recap
+            show = json.loads(ssh(fleet_dir, name, 'gpusim show').stdout)
+            (entry,) = [p for p in show['processes'] if p['pid'] == bob[name]]
+            assert not entry['alive']                                          # the work was done there
+    finally:
+        if os.path.exists(os.path.join(fleet_dir, 'nodes.json')):
+            down(fleet_dir, env=env)
