@@ -195,8 +195,8 @@ def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False):
     so it makes as few system calls as it can: links are read relative to one open ``proc_root``
     (no path walk from /), and where procfs reports the number of open fds as the fd directory's
     size (Linux 6.2+) a process whose fds are 0..N-1, as most are, costs one stat and N readlinks
-    instead of an open, a stat, two getdents, a close and the N readlinks; any gap in the numbers
-    (a readlink fails) falls back to listing the directory.
+    instead of an open, a stat, two getdents, a close and the N readlinks; at a gap in the numbers
+    (a readlink fails) the directory is listed and only the fds not read yet are read.
     """
     exclude = set(exclude)
     readlink = os.readlink
@@ -222,21 +222,21 @@ def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False):
             if pid in exclude:
                 continue
             fd_dir = entry + '/fd/'
-            targets = None
+            targets = []
             if counted:
                 try:
                     count = os.stat(fd_dir, dir_fd=proc_fd).st_size
                 except OSError:  # gone (or not a process)
                     continue
                 if count <= len(_FD_NAMES):
-                    names = _FD_NAMES[:count]
                     try:
-                        targets = [readlink(fd_dir + name, dir_fd=proc_fd) for name in names]
+                        for name in _FD_NAMES[:count]:
+                            targets.append(readlink(fd_dir + name, dir_fd=proc_fd))
                     except OSError:  # a gap in the fd numbers, a closed fd, or no permission: list them
-                        targets = None
-            if targets is not None:
-                yield pid, names, targets, True
-                continue
+                        pass
+                    else:
+                        yield pid, _FD_NAMES[:count], targets, True
+                        continue
             try:
                 listed = os.listdir(os.path.join(proc_root, entry, 'fd'))
             except PermissionError:
@@ -244,8 +244,12 @@ def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False):
                 continue
             except OSError:  # gone (FileNotFoundError, ProcessLookupError) or not a process
                 continue
-            names, targets, complete = [], [], True
+            # the fds below the gap are read already: read only the others
+            names, complete = list(_FD_NAMES[:len(targets)]), True
+            done = frozenset(names)
             for name in listed:
+                if name in done:
+                    continue
                 try:
                     targets.append(readlink(fd_dir + name, dir_fd=proc_fd))
                 except PermissionError:
