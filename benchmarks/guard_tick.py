@@ -46,7 +46,8 @@ GOAL_CPU_MS = 150.0
 ISOLATED = 'GPUFLEET_BENCH_ISOLATED'
 IMPORT_NOTE = """\
 **Where the time goes** (`python -X importtime`, the fastest of 6 runs, and cProfile of the same
-tick). Imports, about 65-70 ms on a quiet moment: pynvml about 18 ms (6 ms of it `ctypes.util`, which
+tick). Imports, about 65-70 ms at a quiet moment (the import figure in the table above is CPU time
+with the interpreter's start, under the load it states, and far higher): pynvml about 18 ms (6 ms of it `ctypes.util`, which
 pulls in subprocess and tempfile), argparse about 10 ms (with the shutil its help formatter imports),
 the guard's own modules (policy, guard, killer, processes, audit_log, notify, metrics, idle) about
 20 ms, `hashlib` 4 ms (the decision log's hash chain and the policy file's SHA-256), `re`/`enum`,
