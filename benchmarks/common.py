@@ -346,9 +346,9 @@ class Sleepers(object):
 # argv: GPUSIM STATE GPUS MIB WORKLOAD-ARGV... -- INDEX...; prints one pid a line (gpusim's own output).
 _BATCH_SPAWN = r'''
 import contextlib, importlib.machinery, importlib.util, sys
-gpusim, state, gpus, mib = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-cut = sys.argv.index('--', 5)
-workload, indexes = sys.argv[5:cut], sys.argv[cut + 1:]
+gpusim, state, gpus, mib, options = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5].split()
+cut = sys.argv.index('--', 6)
+workload, indexes = sys.argv[6:cut], sys.argv[cut + 1:]
 loader = importlib.machinery.SourceFileLoader('gpusim_cli', gpusim)
 spec = importlib.util.spec_from_loader('gpusim_cli', loader)
 module = importlib.util.module_from_spec(spec)
@@ -368,7 +368,8 @@ module.gs.locked = collect
 code = 0
 try:
     for index in indexes:
-        code = module.main(['spawn', '--state', state, '--gpu', str(int(index) % gpus), '--mib', mib, '--'] + workload + [index])
+        code = module.main(['spawn', '--state', state, '--gpu', str(int(index) % gpus), '--mib', mib] + options + ['--']
+                           + workload + [index])
         sys.stdout.flush()
         if code:
             break
@@ -410,8 +411,9 @@ class SimNode(object):
             raise RuntimeError('gpusim %s: %s' % (' '.join(map(str, args)), proc.stderr.decode('utf-8', 'replace')))
         return proc.stdout.decode()
 
-    def spawn_many(self, count, mib=256, argv=('python', 'train.py'), workers=2):
-        """``count`` more workloads, round robin over the GPUs; returns their pids.
+    def spawn_many(self, count, mib=256, argv=('python', 'train.py'), workers=2, options=()):
+        """``count`` more workloads, round robin over the GPUs; returns their pids.  ``options``: more
+        ``gpusim spawn`` options (``--ignore-term``).  Workload N runs ``ARGV N`` on GPU N % gpus.
 
         gpusim has no batch spawn, and ``gpusim spawn`` costs an interpreter start plus a rewrite of
         the whole state (pretty-printed JSON) per workload: O(n^2), minutes for 1,000.  So
@@ -424,7 +426,7 @@ class SimNode(object):
         shares = [list(range(first + w, first + count, workers)) for w in range(workers)]
         procs = []
         for share in shares:
-            args = [self.python, '-c', _BATCH_SPAWN, GPUSIM, self.state, str(self.gpus), str(mib)] + list(argv)
+            args = [self.python, '-c', _BATCH_SPAWN, GPUSIM, self.state, str(self.gpus), str(mib), ' '.join(options)] + list(argv)
             procs.append(subprocess.Popen(args + ['--'] + [str(i) for i in share], stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, env=dict(os.environ, GPU_SIM_STATE=self.state)))
         failures = []
@@ -477,8 +479,9 @@ class Agent(object):
                        stdout=subprocess.DEVNULL, check=True)
         self.launcher = os.path.join(base, 'gpufleet-guard')
         with open(self.launcher, 'w') as handle:
-            handle.write('#!%s\nimport sys\nsys.path.insert(0, %r)\nfrom gpufleet_core.cli import main  # noqa: E402\n'
-                         'sys.exit(main())\n' % (sys.executable, self.lib))
+            # as roles/guard/templates/gpufleet-guard.j2 writes it (the collector off for one-shot runs)
+            handle.write('#!%s\nimport gc\nimport sys\n\ngc.disable()\nsys.path.insert(0, %r)\n'
+                         'from gpufleet_core.cli import main  # noqa: E402\n\nsys.exit(main())\n' % (sys.executable, self.lib))
         os.chmod(self.launcher, 0o755)
         if policy is not None:
             path = os.path.join(self.root, 'etc', 'gpufleet', 'policy.yaml')

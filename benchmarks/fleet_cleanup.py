@@ -85,20 +85,53 @@ class Bench(object):
         return seconds
 
 
-def spawn_miners(fleet_dir, nodes):
+def spawn_miners(fleet_dir, nodes, control_dir):
+    """One disguised miner on each of the first ``nodes`` nodes.  These ssh connections share one
+    master connection per node (``control_dir``, apart from Ansible's): a node's later spawns skip
+    the key exchange, and every timed Ansible run still starts cold."""
     ssh_config = os.path.join(fleet_dir, 'ssh_config')
+    mux = ['-o', 'ControlMaster=auto', '-o', 'ControlPath=%s/%%n' % control_dir, '-o', 'ControlPersist=1800']
 
     def one(index):
         remote = ['gpusim', 'spawn', '--gpu', '0', '--mib', '2048', '--util', '100', '--user', 'nobody', '--'] + MINER
-        subprocess.run(['ssh', '-F', ssh_config, 'node%02d' % index, ' '.join(shlex.quote(a) for a in remote)],
+        subprocess.run(['ssh', '-F', ssh_config] + mux + ['node%02d' % index, ' '.join(shlex.quote(a) for a in remote)],
                        check=True, stdout=subprocess.DEVNULL)
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(one, range(1, nodes + 1)))
 
 
+def stop_masters(fleet_dir, control_dir):
+    """End the spawn connections' master processes (ours: started by spawn_miners)."""
+    ssh_config = os.path.join(fleet_dir, 'ssh_config')
+    for name in sorted(os.listdir(control_dir)) if os.path.isdir(control_dir) else ():
+        subprocess.run(['ssh', '-F', ssh_config, '-o', 'ControlPath=%s/%%n' % control_dir, '-O', 'exit', name],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=30)
+
+
 def fleet_up(fleet_dir, nodes):
     subprocess.run([sys.executable, os.path.join(FLEET, 'up'), '--nodes', str(nodes), '--dir', fleet_dir, '--gpus', '2', '-q'],
                    check=True)
+
+
+def sub_inventory(fleet_dir, nodes, path):
+    """An inventory of the fleet's first ``nodes`` nodes (what ``up --nodes N`` writes for N nodes, and
+    the same group vars), so that one fleet of the largest size serves every size."""
+    with open(os.path.join(fleet_dir, 'inventory.ini'), encoding='utf-8') as handle:
+        lines = handle.read().splitlines()
+    out, hosts, section = [], 0, None
+    for line in lines:
+        if line.startswith('['):
+            section = line
+        elif section == '[gpu_nodes]' and line.strip() and not line.startswith('#'):
+            hosts += 1
+            if hosts > nodes:
+                continue
+        out.append(line)
+    if hosts < nodes:
+        raise SystemExit('the fleet has %d nodes, not %d' % (hosts, nodes))
+    with open(path, 'w', encoding='utf-8') as handle:
+        handle.write('\n'.join(out) + '\n')
+    return path
 
 
 def fleet_down(fleet_dir):
@@ -118,12 +151,16 @@ def main():
     bench = Bench(work, collections)
     sizes = sorted(set(int(n) for n in (args.nodes + ',' + args.report_nodes).split(',') if n))
     print('controller: %d CPUs, load %.1f; collection %s' % (os.cpu_count(), os.getloadavg()[0], collections))
+    # one fleet of the largest size for every size: each size runs on an inventory of the first N
+    # nodes (the others' sshd sit idle), instead of bringing a fleet up and down per size
     try:
-        for nodes in sizes:
-            fleet_dir = os.path.join(work, 'fleet%d' % nodes)
-            fleet_up(fleet_dir, nodes)
-            inventory = os.path.join(fleet_dir, 'inventory.ini')
-            try:
+        fleet_dir = os.path.join(work, 'fleet')
+        mux_dir = os.path.join(work, 'mux')
+        os.makedirs(mux_dir)
+        try:
+            fleet_up(fleet_dir, sizes[-1])
+            for nodes in sizes:
+                inventory = sub_inventory(fleet_dir, nodes, os.path.join(work, 'inventory-%d.ini' % nodes))
                 for _round in range(args.repeat):
                     for config in ('default', 'tuned'):
                         bench.timed('ping (floor)', nodes, config,
@@ -133,7 +170,7 @@ def main():
                                         ['ansible-playbook', '-i', inventory, 'gpufleet.reclaim.inventory_report',
                                          '-e', 'report_dir=%s' % os.path.join(work, 'report')])
                         if str(nodes) in args.nodes.split(','):
-                            spawn_miners(fleet_dir, nodes)
+                            spawn_miners(fleet_dir, nodes, mux_dir)
                             bench.timed('rogue_cleanup confirm', nodes, config,
                                         ['ansible-playbook', '-i', inventory, 'gpufleet.reclaim.rogue_cleanup',
                                          '-e', 'reclaim_confirm=true', '-e', 'kill_timeout=5'])
@@ -148,8 +185,9 @@ def main():
                         bench.timed('inventory_report', nodes, 'default', playbook + extra_args, extra_env=extra_env, name=label)
                     bench.timed('inventory_report', nodes, 'tuned', playbook)
                     bench.timed('inventory_report', nodes, 'tuned', playbook, warm=True, name='tuned, warm ControlPersist')
-            finally:
-                fleet_down(fleet_dir)
+        finally:
+            stop_masters(fleet_dir, mux_dir)
+            fleet_down(fleet_dir)
     finally:
         if args.json:
             with open(args.json, 'w', encoding='utf-8') as handle:

@@ -45,21 +45,28 @@ import common  # noqa: E402 pylint: disable=wrong-import-position
 GOAL_CPU_MS = 150.0
 ISOLATED = 'GPUFLEET_BENCH_ISOLATED'
 IMPORT_NOTE = """\
-**Where the time goes** (`python -X importtime` and cProfile of the same tick, idle machine). Imports,
-self time: psutil about 25 ms (imported by `core/processes.py` at module load although a tick reads
-/proc itself and never calls it), pynvml about 22 ms, `core/model.py` about 35 ms with what it pulls in
-(`dataclasses`, `typing`, `inspect`), the Apple backend about 10 ms (`platform`, `plistlib` at module
-load on Linux), sqlite3 (the usage history) about 10 ms, argparse, hashlib, json and the rest of the
-standard library the remainder; the guard's own modules (policy, guard, cli, notify, metrics) about
-6 ms. The tick's work: reading the 200 listed processes from /proc about 50 ms, NVML about 25 ms, the
-policy evaluation with the idle clocks about 20 ms, history, state, log and metrics about 15 ms.
-What the guard does to stay cheap: no psutil calls (the process records come from /proc directly), no
-scan of every process's open files (1/3 of a gpu_facts snapshot on this node; only the processes
-about to be signalled are checked), the policy document cached in the state by the file's SHA-256
-(no PyYAML import at a tick), the core byte-compiled at install. Reaching 150 ms on this machine
-needs the import floor lowered in shared core modules: a lazy psutil import in `core/processes.py`,
-lazy `platform`/`plistlib` in `core/backends/apple.py`, and `core/model.py` without dataclasses
-would save about 65 ms."""
+**Where the time goes** (`python -X importtime`, the fastest of 6 runs, and cProfile of the same
+tick). Imports, about 65-70 ms at a quiet moment (the import figure in the table above is CPU time
+with the interpreter's start, under the load it states, and far higher): pynvml about 18 ms (6 ms of it `ctypes.util`, which
+pulls in subprocess and tempfile), argparse about 10 ms (with the shutil its help formatter imports),
+the guard's own modules (policy, guard, killer, processes, audit_log, notify, metrics, idle) about
+20 ms, `hashlib` 4 ms (the decision log's hash chain and the policy file's SHA-256), `re`/`enum`,
+`json`, `datetime` and sqlite3 (the usage history) the rest. A tick no longer imports psutil (imported
+on first use; the agent reads /proc itself), `dataclasses`/`typing`/`inspect` (`core/model.py` has
+plain classes), `platform`, `plistlib`, `shutil` and `subprocess` in the vendor backends (imported where
+an Apple host or a vendor tool needs them), `traceback` (only when pynvml or amdsmi fails to load),
+`zoneinfo` (only for named time zones), `socket` (the host name comes from `os.uname()`), `tempfile`
+(the atomic writes name their temporary file themselves) or `urllib.parse` (history readers only), and
+it builds the argument parser of its own command only. The tick's work: NVML through the fake driver
+(pynvml builds a Python object per process), the 200 listed processes' records from /proc (raw reads,
+one passwd lookup per user), the policy evaluation (the fewest-GPUs search unites precomputed pid sets
+instead of rescanning every process for each subset of GPUs), history, state, log and metrics. The
+`--json` summary (about 180 KB here) is one line when piped, written by json's C encoder; indenting it
+in pure Python cost a fifth of the tick. The launcher turns the cyclic garbage collector off for the
+run (it cost about a tenth of the tick's CPU; `list --watch` turns it back on). What the guard does to
+stay cheap besides: no psutil calls, no scan of every process's open files (only the processes about
+to be signalled are checked), the policy document cached in the state by the file's SHA-256 (no
+PyYAML import at a tick), the core byte-compiled at install."""
 GOAL_RSS_MB = 60.0
 POLICY = '''\
 mode: dry-run
@@ -102,7 +109,9 @@ def measure(args):
         if warm.returncode != 0:
             raise RuntimeError('the warm-up tick failed: %s' % warm.text()[-2000:])
         cpu, rss, wall, own_cpu, violations, imports, bare = [], [], [], [], None, [], []
-        import_code = ('import sys; sys.path.insert(0, sys.argv[1]); import gpufleet_core.cli, gpufleet_core.snapshot, '
+        # as the launcher runs them (the cyclic collector off), so the two figures compare
+        import_code = ('import gc; gc.disable(); import sys; sys.path.insert(0, sys.argv[1]); '
+                       'import gpufleet_core.cli, gpufleet_core.snapshot, '
                        'gpufleet_core.history, gpufleet_core.processes, gpufleet_core.reclaim')
         for _run in range(args.runs):
             imports.append(common.run_child(agent.code(import_code), env=env, timeout=300).cpu_s)

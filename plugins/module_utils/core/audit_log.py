@@ -22,7 +22,6 @@ import getpass
 import hashlib
 import json
 import os
-import socket
 
 GENESIS = '0' * 64
 
@@ -81,7 +80,7 @@ def actor():
         name = getpass.getuser()
     except Exception:  # pylint: disable=broad-except
         name = str(os.geteuid())
-    return {'user': name, 'uid': os.geteuid(), 'sudo_user': os.environ.get('SUDO_USER'), 'host': socket.gethostname()}
+    return {'user': name, 'uid': os.geteuid(), 'sudo_user': os.environ.get('SUDO_USER'), 'host': os.uname().nodename}
 
 
 def _write_all(fd, data):

@@ -34,6 +34,8 @@ import re
 import time
 from collections import OrderedDict
 
+from .processes import walk_fd_links
+
 MIB = 1024 * 1024
 MEMORY_CATEGORIES = ('total', 'shared', 'resident', 'purgeable', 'active')
 _MEMORY_UNITS = {'': 1, 'B': 1, 'KiB': 1024, 'MiB': MIB, 'GiB': 1024 * MIB}
@@ -265,39 +267,18 @@ def _read(path):
 
 
 def scan_clients(proc_root='/proc', drivers=None, exclude=(), clock=time.monotonic):
-    """Read the fdinfo of every DRM device fd under ``proc_root``; a ClientScan.  Never raises."""
+    """Read the fdinfo of every DRM device fd under ``proc_root``; a ClientScan.  Never raises.
+
+    The fds come from the core's one fd walk (processes.walk_fd_links), in pid order."""
     clients = OrderedDict()
     denied = 0
-    exclude = set(exclude)
-    try:
-        entries = sorted((e for e in os.listdir(proc_root) if e.isdigit()), key=int)
-    except OSError:
-        entries = []
-    for entry in entries:
-        pid = int(entry)
-        if pid in exclude:
-            continue
-        fd_dir = os.path.join(proc_root, entry, 'fd')
-        try:
-            fds = os.listdir(fd_dir)
-        except PermissionError:
-            denied += 1
-            continue
-        except OSError:  # gone, or not a process
-            continue
-        blocked = False
-        for fd in fds:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except PermissionError:
-                blocked = True
-                continue
-            except OSError:
-                continue
+    for pid, names, targets, complete in walk_fd_links(proc_root, exclude=exclude, ordered=True):
+        blocked = not complete
+        for fd, target in zip(names, targets):
             if target.endswith(' (deleted)') or not _DRM_LINK_RE.search(target):
                 continue
             try:
-                client = parse_fdinfo(_read(os.path.join(proc_root, entry, 'fdinfo', fd)))
+                client = parse_fdinfo(_read(os.path.join(proc_root, str(pid), 'fdinfo', fd)))
             except PermissionError:
                 blocked = True
                 continue

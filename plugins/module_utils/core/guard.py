@@ -29,7 +29,6 @@ import errno
 import fcntl
 import json
 import os
-import socket
 import time
 
 from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod
@@ -607,7 +606,7 @@ def untrusted_inputs(paths, euid=None):
 
 
 def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0):
-    host = socket.gethostname()
+    host = os.uname().nodename
     tick_id = os.urandom(8).hex()
     warnings = []
     summary = {'rc': 0, 'tick': tick_id, 'host': host, 'time': now, 'warnings': warnings}

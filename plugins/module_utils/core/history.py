@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from urllib.parse import quote
 
 from .errors import GpuFleetError
 
@@ -77,10 +76,16 @@ def _connect_rw(path):
 
 
 def init_schema(conn):
-    """Create the tables (idempotent) and check the stored schema version."""
-    for statement in SCHEMA:
-        conn.execute(statement)
-    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    """Create the tables (idempotent) and check the stored schema version.  A database already at
+    this schema version is left alone (every tick calls this: no CREATE statements then)."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.OperationalError:  # no meta table yet
+        row = None
+    if row is None or not str(row[0]).isdigit() or int(row[0]) < SCHEMA_VERSION:
+        for statement in SCHEMA:
+            conn.execute(statement)
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if row is None:
         conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
     elif not str(row[0]).isdigit():
@@ -149,6 +154,8 @@ class HistoryReader(object):
         if not os.path.isfile(path):
             raise HistoryError('no usage history at %s (the guard writes it; see gpufleet.reclaim.guard)' % path)
         try:
+            # readers only, not a tick
+            from urllib.parse import quote  # pylint: disable=import-outside-toplevel
             self.conn = sqlite3.connect('file:%s?mode=ro' % quote(os.path.abspath(path)), uri=True, timeout=BUSY_TIMEOUT_S)
             self.meta = dict(self.conn.execute('SELECT key, value FROM meta').fetchall())
         except sqlite3.Error as exc:

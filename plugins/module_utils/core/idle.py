@@ -23,7 +23,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import tempfile
+
+from .metrics import write_atomic
 
 DEFAULT_PATH = '/var/lib/gpufleet/utilization.json'
 MAX_SAMPLES = 720
@@ -132,19 +133,9 @@ class UtilizationHistory(object):
 
     def save(self):
         """Write atomically (temp file and rename) with mode 0600; returns an error text or None."""
-        directory = os.path.dirname(os.path.abspath(self.path))
-        tmp = None
         try:
-            os.makedirs(directory, mode=0o750, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix='.utilization.', dir=directory)
-            with os.fdopen(fd, 'w', encoding='utf-8') as handle:
-                json.dump({'version': 1, 'processes': self.samples}, handle, separators=(',', ':'))
-            os.rename(tmp, self.path)
+            write_atomic(self.path, json.dumps({'version': 1, 'processes': self.samples}, separators=(',', ':')),
+                         mode=0o600, dir_mode=0o750)
         except (OSError, ValueError) as exc:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
             return 'could not save utilization history %s: %s' % (self.path, exc)
         return None

@@ -13,8 +13,6 @@ attributes (types, ppid, exe, pod uid, ...) are for the core's own decisions.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional
 
 MIB = 1024 * 1024
 
@@ -29,6 +27,63 @@ NOT_FOUND = 'not_found'
 CONTEXT_OVERHEAD_MIB = {'nvidia': 16}
 
 
+class _Record(object):
+    """Plain value classes, built like dataclasses: ``Class(field, ..., name=value)``.
+
+    ``_fields`` lists the fields in order; ``_required`` names those without a default,
+    ``_factories`` gives some a fresh value per instance (``list``, ``dict``, a class),
+    ``_defaults`` gives others a constant, and every other field defaults to ``None``.  Equality
+    and repr are over the fields, in order.  (Not dataclasses: importing ``dataclasses`` pulls in
+    ``inspect`` and ``typing``, and generating the classes cost about 30 ms, a fifth of a guard
+    tick's import time.)  No ``__slots__``: like a dataclass instance, one can carry other attributes.
+    """
+
+    _fields = ()
+    _required = ()
+    _defaults = {}
+    _factories = {}
+    _plan = ()
+    __hash__ = None  # mutable values, compared by content
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # (name, factory, required, default) per field, worked out once per class
+        cls._plan = tuple((name, cls._factories.get(name), name in cls._required, cls._defaults.get(name))
+                          for name in cls._fields)
+
+    def __init__(self, *args, **kwargs):
+        if args:
+            if len(args) > len(self._fields):
+                raise TypeError('%s() takes at most %d positional arguments (%d given)' % (
+                    self.__class__.__name__, len(self._fields), len(args)))
+            for name, value in zip(self._fields, args):
+                if name in kwargs:
+                    raise TypeError('%s() got multiple values for argument %r' % (self.__class__.__name__, name))
+                kwargs[name] = value
+        values = self.__dict__
+        for name, factory, required, default in self._plan:
+            if name in kwargs:
+                values[name] = kwargs.pop(name)
+            elif factory is not None:
+                values[name] = factory()
+            elif required:
+                raise TypeError('%s() missing required argument %r' % (self.__class__.__name__, name))
+            else:
+                values[name] = default
+        if kwargs:
+            raise TypeError('%s() got unexpected keyword argument(s) %s' % (
+                self.__class__.__name__, ', '.join(sorted(kwargs))))
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self._fields)
+
+    def __repr__(self):
+        fields = ', '.join('%s=%r' % (name, getattr(self, name)) for name in self._fields)
+        return '%s(%s)' % (self.__class__.__name__, fields)
+
+
 def bytes_to_mib(value):
     """Bytes -> whole MiB (rounded down), ``None`` stays ``None``."""
     if value is None:
@@ -36,26 +91,23 @@ def bytes_to_mib(value):
     return int(value) // MIB
 
 
-@dataclass
-class BackendStatus:
+class BackendStatus(_Record):
     """Whether a vendor backend could be used on this host, and why not."""
 
-    name: str
-    available: bool = False
-    version: Optional[str] = None
-    error: Optional[str] = None
+    _fields = ('name', 'available', 'version', 'error')
+    _required = ('name',)
+    _defaults = {'available': False}
 
     def to_dict(self):
         return {'available': bool(self.available), 'version': self.version, 'error': self.error}
 
 
-@dataclass
-class Health:
+class Health(_Record):
     """Health of one GPU: ``status`` ok|degraded|lost and the ``recommended_action``."""
 
-    status: str = 'ok'
-    recommended_action: str = 'none'
-    reasons: List[str] = field(default_factory=list)
+    _fields = ('status', 'recommended_action', 'reasons')
+    _defaults = {'status': 'ok', 'recommended_action': 'none'}
+    _factories = {'reasons': list}
 
     def _raise_action(self, action):
         if action not in RECOMMENDED_ACTIONS:
@@ -85,20 +137,19 @@ class Health:
         return {'status': self.status, 'recommended_action': self.recommended_action, 'reasons': list(self.reasons)}
 
 
-@dataclass
-class DriverProcess:
-    """A process as the driver lists it on one GPU (compute, graphics and MPS lists merged per pid)."""
+class DriverProcess(_Record):
+    """A process as the driver lists it on one GPU (compute, graphics and MPS lists merged per pid).
 
-    pid: int
-    used_mib: Optional[int] = None
-    types: List[str] = field(default_factory=list)
-    # SM utilization (percent) from the driver's per-process samples; None when the driver has
-    # no per-process figure (call not supported, no permission, error).
-    util_pct: Optional[int] = None
-    # The process name as the driver reports it (amdsmi, ioreg); None when it reports none.
-    name: Optional[str] = None
-    # System memory (GTT) the process's GPU buffers use, MiB (amdgpu, xe, i915); None when unknown.
-    system_mib: Optional[int] = None
+    ``util_pct``: SM utilization (percent) from the driver's per-process samples; None when the
+    driver has no per-process figure (call not supported, no permission, error). ``name``: the
+    process name as the driver reports it (amdsmi, ioreg); None when it reports none.
+    ``system_mib``: system memory (GTT) the process's GPU buffers use, MiB (amdgpu, xe, i915); None
+    when unknown.
+    """
+
+    _fields = ('pid', 'used_mib', 'types', 'util_pct', 'name', 'system_mib')
+    _required = ('pid',)
+    _factories = {'types': list}
 
     @property
     def type(self):
@@ -113,40 +164,24 @@ class DriverProcess:
             self.types.append(ptype)
 
 
-@dataclass
-class Device:
-    """One GPU as read from its vendor library.  ``index`` is assigned by the snapshot."""
+class Device(_Record):
+    """One GPU as read from its vendor library.  ``index`` is assigned by the snapshot.
 
-    vendor: str
-    vendor_index: int
-    index: Optional[int] = None
-    uuid: Optional[str] = None
-    name: Optional[str] = None
-    pci_bus_id: Optional[str] = None
-    minor: Optional[int] = None
-    memory_total_mib: Optional[int] = None
-    memory_used_mib: Optional[int] = None
-    memory_free_mib: Optional[int] = None
-    # Memory the driver/firmware sets aside; known only from NVML MemoryInfo v2.  memory_used_mib
-    # never includes it when it is known.
-    memory_reserved_mib: Optional[int] = None
-    memory_api: Optional[str] = None
-    utilization_pct: Optional[int] = None
-    memory_utilization_pct: Optional[int] = None
-    temperature_c: Optional[int] = None
-    power_w: Optional[float] = None
-    power_limit_w: Optional[float] = None
-    fan_pct: Optional[int] = None
-    persistence_mode: Optional[bool] = None
-    mig_mode: Optional[bool] = None
-    ecc_uncorrected_volatile: Optional[int] = None
-    orphaned_mib: Optional[int] = None
-    health: Health = field(default_factory=Health)
-    driver_processes: List[DriverProcess] = field(default_factory=list)
-    # False when a process list could not be read (no permission, lost GPU, error): the pids in
-    # driver_processes are then incomplete and orphaned memory cannot be computed.
-    processes_complete: bool = True
-    errors: List[str] = field(default_factory=list)
+    ``memory_reserved_mib``: memory the driver/firmware sets aside; known only from NVML MemoryInfo
+    v2.  memory_used_mib never includes it when it is known. ``processes_complete``: False when a
+    process list could not be read (no permission, lost GPU, error): the pids in driver_processes
+    are then incomplete and orphaned memory cannot be computed.
+    """
+
+    _fields = ('vendor', 'vendor_index', 'index', 'uuid', 'name', 'pci_bus_id', 'minor',
+               'memory_total_mib', 'memory_used_mib', 'memory_free_mib', 'memory_reserved_mib',
+               'memory_api', 'utilization_pct', 'memory_utilization_pct', 'temperature_c',
+               'power_w', 'power_limit_w', 'fan_pct', 'persistence_mode', 'mig_mode',
+               'ecc_uncorrected_volatile', 'orphaned_mib', 'health', 'driver_processes',
+               'processes_complete', 'errors')
+    _required = ('vendor', 'vendor_index')
+    _defaults = {'processes_complete': True}
+    _factories = {'health': Health, 'driver_processes': list, 'errors': list}
 
     def add_driver_process(self, pid, used_mib, ptype):
         for proc in self.driver_processes:
@@ -211,66 +246,44 @@ class Device:
         }
 
 
-@dataclass
-class ContainerInfo:
+class ContainerInfo(_Record):
     """Container identity read from /proc/PID/cgroup."""
 
-    id: Optional[str] = None
-    runtime: Optional[str] = None
-    pod_uid: Optional[str] = None
+    _fields = ('id', 'runtime', 'pod_uid')
 
     def to_dict(self):
         return {'id': self.id, 'runtime': self.runtime, 'pod_uid': self.pod_uid}
 
 
-@dataclass
-class ProcessRecord:
-    """What this host's process table says about one pid (``status`` ``not_found`` when absent)."""
+class ProcessRecord(_Record):
+    """What this host's process table says about one pid (``status`` ``not_found`` when absent).
 
-    pid: int
-    status: str = NOT_FOUND
-    user: Optional[str] = None
-    uid: Optional[int] = None
-    name: Optional[str] = None
-    cmdline: Optional[List[str]] = None
-    create_time: Optional[float] = None
-    starttime: Optional[int] = None
-    ppid: Optional[int] = None
-    exe: Optional[str] = None
-    container: Optional[ContainerInfo] = None
-    slurm_job: Optional[str] = None
-    # GPU device files this pid holds open; None when its fds could not be read.
-    device_paths: Optional[List[str]] = None
+    ``device_paths``: GPU device files this pid holds open; None when its fds could not be read.
+    """
+
+    _fields = ('pid', 'status', 'user', 'uid', 'name', 'cmdline', 'create_time', 'starttime',
+               'ppid', 'exe', 'container', 'slurm_job', 'device_paths')
+    _required = ('pid',)
+    _defaults = {'status': NOT_FOUND}
 
     @property
     def found(self):
         return self.status != NOT_FOUND
 
 
-@dataclass
-class GpuProcess:
-    """A process the driver lists on one or more GPUs, joined with the host's process table."""
+class GpuProcess(_Record):
+    """A process the driver lists on one or more GPUs, joined with the host's process table.
 
-    pid: int
-    gpu_indexes: List[int] = field(default_factory=list)
-    used_mib: Optional[int] = None
-    used_mib_by_gpu: Dict[int, Optional[int]] = field(default_factory=dict)
-    types: List[str] = field(default_factory=list)
-    # Highest per-process utilization over its GPUs; None as soon as one GPU cannot tell.
-    util_pct: Optional[int] = None
-    util_pct_by_gpu: Dict[int, Optional[int]] = field(default_factory=dict)
-    user: Optional[str] = None
-    uid: Optional[int] = None
-    name: Optional[str] = None
-    cmdline: Optional[List[str]] = None
-    create_time: Optional[float] = None
-    starttime: Optional[int] = None
-    status: str = NOT_FOUND
-    container: Optional[ContainerInfo] = None
-    slurm_job: Optional[str] = None
-    ppid: Optional[int] = None
-    exe: Optional[str] = None
-    device_paths: Optional[List[str]] = None
+    ``util_pct``: highest per-process utilization over its GPUs; None as soon as one GPU cannot
+    tell.
+    """
+
+    _fields = ('pid', 'gpu_indexes', 'used_mib', 'used_mib_by_gpu', 'types', 'util_pct',
+               'util_pct_by_gpu', 'user', 'uid', 'name', 'cmdline', 'create_time', 'starttime',
+               'status', 'container', 'slurm_job', 'ppid', 'exe', 'device_paths')
+    _required = ('pid',)
+    _defaults = {'status': NOT_FOUND}
+    _factories = {'gpu_indexes': list, 'used_mib_by_gpu': dict, 'types': list, 'util_pct_by_gpu': dict}
 
     @property
     def found(self):
@@ -323,24 +336,13 @@ class GpuProcess:
         }
 
 
-@dataclass
-class Holder:
+class Holder(_Record):
     """A process holding a GPU device file open that the driver does not list."""
 
-    pid: int
-    devices: List[str] = field(default_factory=list)
-    gpu_indexes: List[int] = field(default_factory=list)
-    user: Optional[str] = None
-    uid: Optional[int] = None
-    name: Optional[str] = None
-    cmdline: Optional[List[str]] = None
-    create_time: Optional[float] = None
-    starttime: Optional[int] = None
-    status: Optional[str] = None
-    ppid: Optional[int] = None
-    exe: Optional[str] = None
-    container: Optional[ContainerInfo] = None
-    slurm_job: Optional[str] = None
+    _fields = ('pid', 'devices', 'gpu_indexes', 'user', 'uid', 'name', 'cmdline', 'create_time',
+               'starttime', 'status', 'ppid', 'exe', 'container', 'slurm_job')
+    _required = ('pid',)
+    _factories = {'devices': list, 'gpu_indexes': list}
 
     @classmethod
     def from_record(cls, record, devices):

@@ -45,11 +45,6 @@ from .killer import DEFAULT_PROTECT_NAMES
 from .processes import scheduler_daemon
 from .units import parse_duration, parse_size_mib
 
-try:
-    import zoneinfo  # Python >= 3.9
-except ImportError:  # pragma: no cover - Python 3.8
-    zoneinfo = None
-
 # The yaml module (or None when PyYAML is missing), imported on first use: the agent's ticks
 # usually read the policy from the state's cache and never pay for importing PyYAML.
 _YAML = []
@@ -412,6 +407,11 @@ def _tz(value, path):
             raise _Bad(path, value, 'a UTC offset is at most +/-23:59')
         delta = datetime.timedelta(hours=hours, minutes=minutes)
         return datetime.timezone(-delta if match.group(1) == '-' else delta, text)
+    try:
+        # Python >= 3.9; only for named zones
+        import zoneinfo  # pylint: disable=import-outside-toplevel
+    except ImportError:  # pragma: no cover - Python 3.8
+        zoneinfo = None
     if zoneinfo is None:
         raise _Bad(path, value, 'time zone names need Python 3.9 or later (zoneinfo); write a fixed offset such as +01:00')
     if '..' in text or text.startswith('/') or not re.match(r'^[A-Za-z0-9_+/-]+$', text):
@@ -2158,33 +2158,35 @@ def fewest_for_gpus(procs, gpus_of, limit, size_of):
     excess = len(held) - limit
     if excess <= 0:
         return []
-    on = dict((g, [p for p in procs if g in gpus_of(p)]) for g in held)
+    # every process's size, creation time and GPUs once: the exact search below tries up to
+    # C(16, 8) subsets of GPUs, and each subset only unites precomputed pid sets
+    by_pid = dict((p.pid, p) for p in procs)
+    size = dict((p.pid, size_of(p)) for p in procs)
+    created = dict((p.pid, p.create_time or 0.0) for p in procs)
+    gpus = dict((p.pid, gpus_of(p)) for p in procs)
+    on = dict((g, frozenset(pid for pid in by_pid if g in gpus[pid])) for g in held)
 
     def cost(subset):
-        victims = {}
-        for gpu in subset:
-            for proc in on[gpu]:
-                victims[proc.pid] = proc
-        chosen = list(victims.values())
-        freed = sum(size_of(p) for p in chosen)
-        newest = max([p.create_time or 0.0 for p in chosen] or [0.0])
-        return (len(chosen), -freed, -newest), chosen
+        pids = frozenset().union(*[on[gpu] for gpu in subset])
+        freed = sum(size[pid] for pid in pids)
+        newest = max([created[pid] for pid in pids] or [0.0])
+        return (len(pids), -freed, -newest), pids
 
     best = None
     combos = itertools.combinations(held, excess)
     if len(held) <= 16:
         for subset in combos:
-            score, chosen = cost(subset)
+            score, pids = cost(subset)
             if best is None or score < best[0]:
-                best = (score, chosen)
+                best = (score, pids)
     else:
         remaining = list(held)
         subset = []
         for _step in range(excess):
-            remaining.sort(key=lambda g: (len(on[g]), -sum(size_of(p) for p in on[g])))
+            remaining.sort(key=lambda g: (len(on[g]), -sum(size[pid] for pid in on[g])))
             subset.append(remaining.pop(0))
         best = cost(subset)
-    return [proc for proc, _size in _order([(p, size_of(p)) for p in best[1]])]
+    return [proc for proc, _size in _order([(by_pid[pid], size[pid]) for pid in best[1]])]
 
 
 def _gpus_of(proc):

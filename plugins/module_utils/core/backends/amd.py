@@ -28,7 +28,6 @@ import contextlib
 import io
 import os
 import time
-import traceback
 
 from .. import drm_fdinfo as drm
 from ..model import BackendStatus, Device, bytes_to_mib
@@ -62,6 +61,8 @@ def import_amdsmi():
             detail = printed.splitlines()[-1] if printed else error_text(exc)
             _AMDSMI['module'] = None
             _AMDSMI['error'] = 'amdsmi is installed but libamd_smi.so could not be loaded (is ROCm installed?): %s' % detail
+            # only on this failure: not at every load
+            import traceback  # pylint: disable=import-outside-toplevel
             _AMDSMI['traceback'] = traceback.format_exc()
     return _AMDSMI['module'], _AMDSMI['error']
 

@@ -22,16 +22,13 @@ client.  Read with plistlib:
 
 from __future__ import annotations
 
-import platform as platform_module
-import plistlib
 import re
-import shutil
 import sys
 import time
 
 from .. import drm_fdinfo as drm
 from ..model import BackendStatus, Device, bytes_to_mib
-from .base import Backend, error_text, read_device, run_command, to_number
+from .base import Backend, error_text, find_command, read_device, run_command, to_number
 
 IOREG = 'ioreg'
 IOREG_ARGS = ('-r', '-d', '2', '-w', '0', '-c', 'IOAccelerator', '-a')
@@ -129,7 +126,7 @@ class AppleBackend(Backend):
         super(AppleBackend, self).__init__()
         self.platform = platform or sys.platform
         self.runner = runner or run_command
-        self.which = which or shutil.which
+        self.which = which or find_command
         self.readings = drm.TwoReadings(clock, sleep, interval, cache)
         self.ioreg = None
         self.known = []          # accelerator keys seen by probe(), in order
@@ -146,7 +143,10 @@ class AppleBackend(Backend):
         if not reading.accelerators:
             return self._unavailable('the I/O Registry lists no IOAccelerator (no GPU)')
         self.known = [acc.key for acc in reading.accelerators]
-        version = platform_module.mac_ver()[0] if self.platform == sys.platform else None
+        version = None
+        if self.platform == sys.platform:
+            import platform as platform_module  # pylint: disable=import-outside-toplevel
+            version = platform_module.mac_ver()[0]
         self.status = BackendStatus(name=self.name, available=True, version=('macOS %s' % version) if version else None,
                                     error=None)
         return self.status
@@ -162,6 +162,8 @@ class AppleBackend(Backend):
             detail = (err or '').strip().splitlines()
             return IoregReading([], 'ioreg failed (%s): %s' % ('rc %s' % rc, detail[-1] if detail else 'no message'), taken_at)
         try:
+            # only on macOS: not at load on Linux
+            import plistlib  # pylint: disable=import-outside-toplevel
             data = plistlib.loads(out) if out.strip() else []
         except Exception as exc:  # pylint: disable=broad-except
             return IoregReading([], 'ioreg printed no readable plist: %s' % error_text(exc), taken_at)

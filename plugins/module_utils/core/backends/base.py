@@ -14,7 +14,6 @@ never hides the others, an error reading a GPU lands in that Device's health and
 from __future__ import annotations
 
 import math
-import subprocess
 
 from ..model import BackendStatus
 
@@ -66,8 +65,16 @@ def to_reading(value, cast=int, low=0, high=2 ** 64 - 1):
     return number
 
 
+def find_command(name):
+    """``shutil.which(name)`` (shutil and subprocess are imported on first use: a tick on a host without
+    these vendors' tools never pays for them)."""
+    import shutil  # pylint: disable=import-outside-toplevel
+    return shutil.which(name)
+
+
 def run_command(argv, timeout):
     """Run a vendor tool: (rc, stdout bytes, stderr text); rc None when it could not start or timed out."""
+    import subprocess  # pylint: disable=import-outside-toplevel
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               timeout=timeout, check=False)

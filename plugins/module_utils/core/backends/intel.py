@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 from .. import drm_fdinfo as drm
 from ..model import BackendStatus, Device, bytes_to_mib
-from .base import MAX_CELSIUS, Backend, read_device, run_command, to_reading
+from .base import MAX_CELSIUS, Backend, find_command, read_device, run_command, to_reading
 
 INTEL_PCI_VENDOR = '0x8086'
 # PCI class 0x03xxxx: display controllers (integrated and discrete GPUs).
@@ -90,7 +89,7 @@ class IntelBackend(Backend):
         self.sys_root = sys_root or os.path.join(self.root, 'sys')
         self.proc_root = proc_root or os.path.join(self.root, 'proc')
         self.runner = runner or run_command
-        self.which = which or shutil.which
+        self.which = which or find_command
         self.readings = drm.TwoReadings(clock, sleep, interval, cache)
         self.cards = []
         self.xpu = None          # BDF -> xpu-smi device dict

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import time
-import traceback
-
 from ..model import BackendStatus, Device, bytes_to_mib
 from .base import Backend, error_text
 
@@ -36,6 +34,8 @@ try:
     import pynvml
     PYNVML_IMPORT_ERROR = None
 except Exception:  # pylint: disable=broad-except
+    # only on this failure: not at every load
+    import traceback  # pylint: disable=import-outside-toplevel
     pynvml = None
     PYNVML_IMPORT_ERROR = traceback.format_exc()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -141,6 +142,44 @@ def test_inventory_from_a_fixture_proc_tree(fake_proc):
     assert holders[0].slurm_job == '99' and holders[0].name == 'worker' and holders[0].ppid == 100
     assert holders[0].to_dict() == {'pid': 101, 'user': 'root', 'name': 'worker', 'cmdline': ['python', 'train.py'],
                                     'devices': ['/dev/nvidia0']}
+
+
+@pytest.mark.parametrize('counted', [None, False], ids=['as-detected', 'listing-only'])
+def test_fd_walk_on_the_real_proc_finds_holders_with_and_without_gaps_in_fd_numbers(tmp_path, monkeypatch, counted):
+    """The counted walk (Linux 6.2+: the fd directory's size is the number of open fds) reads fds
+    0..N-1 without listing; a process with a gap in its fd numbers must still be read in full."""
+    if not os.path.isdir('/proc/self/fd'):
+        pytest.skip('no procfs')
+    if counted is not None:
+        monkeypatch.setattr(P, 'fd_dirs_report_counts', lambda proc_root='/proc': counted)
+    dev = tmp_path / 'dev'
+    (dev / 'dri').mkdir(parents=True)
+    for name in ('nvidia0', 'dri/renderD128', 'kfd', 'other'):
+        (dev / name).write_text('')
+    children = []
+    try:
+        with open(str(dev / 'nvidia0')) as stdin:  # fds 0, 1 and 2 only: no gap
+            children.append(subprocess.Popen(['sleep', '60'], stdin=stdin, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL))
+        # fds 0, 1, 2, 7 and 9: the walk cannot read 3 and must list the directory
+        script = 'exec 7<"$1/dri/renderD128" 9<"$1/kfd" 5<"$1/other"; exec 5<&-; exec sleep 60'
+        children.append(subprocess.Popen(['sh', '-c', script, 'sh', str(dev)], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        first, second = children[0].pid, children[1].pid
+        expected = {first: [str(dev / 'nvidia0')], second: sorted([str(dev / 'dri/renderD128'), str(dev / 'kfd')])}
+        for _attempt in range(200):  # until sh has exec'd sleep with its fds in place
+            holders, readable, _denied = P.scan_device_fds('/proc', [str(dev)], pids=[first, second])
+            if holders == expected:
+                break
+            children[1].poll()
+            subprocess.run(['sleep', '0.01'], check=False)
+        assert holders == expected and {first, second} <= readable
+        everyone = P.scan_device_fds('/proc', [str(dev)], exclude=[os.getpid()])[0]
+        assert everyone.get(first) == expected[first] and everyone.get(second) == expected[second]
+    finally:
+        for child in children:  # only the processes this test started
+            child.kill()
+            child.wait()
 
 
 def test_unreadable_fd_dirs_are_counted(fake_proc):
