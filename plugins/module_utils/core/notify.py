@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import datetime
 import errno
-import ipaddress
 import json
 import os
 import re
 import stat
 import struct
-from urllib.parse import urlsplit
 
 from .errors import InvalidArgument
 from .select import bounded_sub
@@ -314,6 +312,7 @@ def webhook_url_problem(url, allow_http=False, opt_in='allow_http'):
     """
     if not isinstance(url, str) or not re.match(r'^https?://[^\s]+$', url):
         return 'expected an https:// URL'
+    from urllib.parse import urlsplit  # pylint: disable=import-outside-toplevel  # not on a tick's path
     try:
         parts = urlsplit(url)
         host = parts.hostname
@@ -332,6 +331,7 @@ def is_loopback_host(host):
     """Whether a URL's host name is a loopback address or ``localhost`` (no name is resolved)."""
     if host.lower().rstrip('.') == 'localhost':
         return True
+    import ipaddress  # pylint: disable=import-outside-toplevel
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
