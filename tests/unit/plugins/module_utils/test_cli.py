@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import core as core_pkg
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli, guard
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, cli, guard
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import snapshot as snapshot_mod
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import GIB, proc, snapshot
 
@@ -110,6 +110,22 @@ def test_verify_log_finds_tampering(root, fake_host):
     assert rc == 1 and 'BROKEN' in out
     rc, out = run(['verify-log', log, '--json'])
     assert json.loads(out)['valid'] is False
+
+
+def test_verify_log_accepts_actions_over_pids_9_and_10(tmp_path):
+    """One action over pids whose numeric and text order differ (9/10, 999/1000) is not reported as edited."""
+    log = str(tmp_path / 'guard.jsonl')
+    for pids in ((9, 10), (999, 1000)):
+        audit_log.append(log, {'event': 'guard_decision', 'decision': 'act', 'pids': list(pids), 'outcome': {
+            'result': 'done', 'signal': 'SIGTERM', 'pids': dict((pid, {'outcome': 'killed', 'signals': ['SIGTERM']}) for pid in pids)}})
+    rc, out = run(['verify-log', log])
+    assert rc == 0 and out == '%s: chain valid, 2 line(s)\n' % log
+    with open(log) as handle:
+        text = handle.read()
+    with open(log, 'w') as handle:
+        handle.write(text.replace('"999":{"outcome":"killed"', '"999":{"outcome":"failed"'))
+    rc, out = run(['verify-log', log])
+    assert rc == 1 and 'line 2: line content does not match its hash (edited)' in out
 
 
 def test_tick_with_an_invalid_policy_fails(root, fake_host, capsys):
