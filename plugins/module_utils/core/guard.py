@@ -98,9 +98,12 @@ def load_settings(path, paths):
     try:
         yaml = policy_mod.yaml_module()
         if yaml is not None:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=policy_mod.yaml_loader())  # nosec - the policy's SafeLoader subclass
         else:
             data = json.loads(text) if text.strip() else None
+        policy_mod.check_nesting(data)
+    except policy_mod.DocumentLimitError as exc:
+        raise InvalidArgument('settings', path, str(exc))
     except Exception as exc:  # pylint: disable=broad-except
         raise InvalidArgument('settings', path, 'not YAML/JSON: %s' % str(exc).replace('\n', ' '))
     if data is None:

@@ -16,7 +16,8 @@ import pytest
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import core as core_pkg
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, cli, guard
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import snapshot as snapshot_mod
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import GIB, proc, snapshot
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
+    BOMB_LINE, DEEP_TOML, GIB, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs, proc, snapshot)
 
 MODULE_UTILS = os.path.dirname(os.path.dirname(os.path.abspath(core_pkg.__file__)))
 GOOD = 'mode: enforce\nusers: {alice: {max_mem_gib_per_gpu: 8}}\nescalation: {act_after: 1h}\nnotify: {tty: false}\n'
@@ -75,6 +76,19 @@ def test_check_config_reports_expired_exemptions_and_notes(tmp_path):
     path.write_text('exemptions: [{match: {slurm_job: 1}, expires: 2001-01-01}]\n')
     rc, out = run(['check-config', str(path)])
     assert rc == 0 and 'expired on 2001-01-02' in out
+
+
+def test_check_config_refuses_deep_nesting_and_alias_bombs_cleanly(tmp_path, capsys):
+    deep = tmp_path / 'deep.toml'
+    deep.write_text(DEEP_TOML)
+    rc, _out = run(['check-config', str(deep)])
+    assert rc == 1 and capsys.readouterr().err == '%s: (top): invalid value None: %s\n' % (deep, TOO_DEEP)
+    rc, out = run(['check-config', str(deep), '--json'])
+    assert rc == 1 and json.loads(out)['errors'][0]['why'] == TOO_DEEP
+    bomb = tmp_path / 'bomb.yaml'
+    bomb.write_text(billion_laughs())
+    rc, _out = run(['check-config', str(bomb)])
+    assert rc == 1 and 'line %d: %s' % (BOMB_LINE, TOO_MANY_ALIASED) in capsys.readouterr().err
 
 
 def test_check_config_reads_stdin(monkeypatch):

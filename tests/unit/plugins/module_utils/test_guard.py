@@ -23,7 +23,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
-    GIB, Clock, proc, snapshot)
+    DEEP_TOML, GIB, TOO_DEEP, TOO_MANY_ALIASED, Clock, billion_laughs, proc, snapshot)
 
 POLICY = '''
 mode: %s
@@ -196,6 +196,24 @@ def test_an_invalid_policy_decides_nothing_and_is_logged(tmp_path):
         assert 'gpufleet_guard_policy_valid 0' in handle.read()
 
 
+@pytest.mark.parametrize('text,why', [
+    (DEEP_TOML, TOO_DEEP),                      # 2 KB of TOML
+    (billion_laughs(), TOO_MANY_ALIASED),       # a few hundred bytes of YAML
+], ids=['toml-nesting', 'yaml-alias-bomb'])
+def test_a_policy_past_the_document_limits_is_logged_and_alerts(tmp_path, text, why):
+    """Not an uncaught RecursionError (or minutes of alias expansion): the invalid-policy record and policy_valid 0."""
+    node = Node(tmp_path)
+    node.tick()
+    node.write_policy(text)
+    summary = node.tick(60)
+    assert summary['rc'] == 1 and why in summary['error'] and 'decisions' not in summary
+    record = node.log()[-1]
+    assert record['event'] == 'guard_policy_invalid' and why in record['error']
+    with open(node.paths.metrics) as handle:
+        assert 'gpufleet_guard_policy_valid 0' in handle.read()
+    assert audit_log.verify(node.paths.log)['valid']
+
+
 @pytest.mark.parametrize('target,mode,words', [
     ('policy', 0o666, 'writable by group and others'),
     ('policy', 0o664, 'writable by its group'),
@@ -298,6 +316,12 @@ def test_settings_file(tmp_path):
         handle.write('colour: blue\n')
     with pytest.raises(guard.InvalidArgument):
         guard.load_settings(paths.settings, paths)
+    for text, why in (('vendor: ' + '[' * 40 + ']' * 40 + '\n', TOO_DEEP), (billion_laughs(), TOO_MANY_ALIASED)):
+        with open(paths.settings, 'w') as handle:
+            handle.write(text)
+        with pytest.raises(guard.InvalidArgument) as info:
+            guard.load_settings(paths.settings, paths)
+        assert info.value.field == 'settings' and why in info.value.why
 
 
 # ============================================================================ notifications
