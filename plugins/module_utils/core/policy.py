@@ -1100,22 +1100,28 @@ def _protect(value, path, lists):
     return Protect(users, groups, named, uid_below, names, exe)
 
 
+CLEAR_AFTER = 60.0   # a violation that disappears is cleared after this long away (escalation.clear_after)
+
+
 class Escalation(object):
     """Warnings at ``warn_at`` seconds after a violation is first seen; the action at ``act_at``;
-    SIGKILL ``sigkill_after`` seconds after SIGTERM; a failed action is retried after ``retry_after``."""
+    SIGKILL ``sigkill_after`` seconds after SIGTERM; a failed action is retried after ``retry_after``;
+    a violation that disappears is cleared once it has stayed away for ``clear_after`` seconds."""
 
-    def __init__(self, warn_at=(0.0, 300.0), act_at=600.0, sigkill_after=30.0, retry_after=300.0):
+    def __init__(self, warn_at=(0.0, 300.0), act_at=600.0, sigkill_after=30.0, retry_after=300.0, clear_after=CLEAR_AFTER):
         self.warn_at = sorted(float(x) for x in warn_at)
         self.act_at = float(act_at)
         self.sigkill_after = float(sigkill_after)
         self.retry_after = float(retry_after)
+        self.clear_after = float(clear_after)
 
     def to_dict(self):
         return {'warn_at': self.warn_at, 'act_at': self.act_at, 'sigkill_after': self.sigkill_after,
-                'retry_after': self.retry_after}
+                'retry_after': self.retry_after, 'clear_after': self.clear_after}
 
 
-ESCALATION_KEYS = ('warn_again_after', 'act_after', 'grace', 'warnings', 'sigkill_after', 'kill_after', 'retry_after', 'steps')
+ESCALATION_KEYS = ('warn_again_after', 'act_after', 'grace', 'warnings', 'sigkill_after', 'kill_after', 'retry_after', 'steps',
+                   'clear_after')
 
 
 def _escalation(value, path):
@@ -1132,6 +1138,7 @@ def _escalation(value, path):
                 raise _Bad(_join(path, name), value[name], 'given twice (kill_after is another name for sigkill_after)')
             sigkill = _duration(value[name], _join(path, name))
     retry = _duration(value['retry_after'], _join(path, 'retry_after')) if 'retry_after' in value else 300.0
+    clear = _duration(value['clear_after'], _join(path, 'clear_after')) if 'clear_after' in value else CLEAR_AFTER
     if 'steps' in value:
         if any(k in value for k in ('warn_again_after', 'act_after', 'grace', 'warnings')):
             raise _Bad(path, value, 'give steps, or warn_again_after/act_after, not both')
@@ -1160,7 +1167,7 @@ def _escalation(value, path):
             raise _Bad(_join(path, 'steps'), steps, 'the last step acts: action terminate (or kill)')
         if warn_at and max(warn_at) > act_at:
             raise _Bad(_join(path, 'steps'), steps, 'warnings come before the action')
-        return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry)
+        return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry, clear)
     if 'act_after' in value and 'grace' in value:
         raise _Bad(path, value, 'give act_after or grace (the same thing), not both')
     act_at = 600.0
@@ -1179,7 +1186,7 @@ def _escalation(value, path):
         if count > 100:
             raise _Bad(_join(path, 'warnings'), value['warnings'], 'at most 100 warnings')
         warn_at = [act_at * i / count for i in range(count)] if count else []
-    return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry)
+    return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry, clear)
 
 
 class RoguePolicy(object):

@@ -79,6 +79,9 @@ def test_errors_name_the_file_the_path_and_the_value():
     ('notify: {webhook: {url: "ftp://x"}}', 'notify.webhook.url', 'http'),
     ('escalation: {warn_again_after: 20m, act_after: 10m}', 'escalation.warn_again_after', 'before the action'),
     ('escalation: [{after: 0, action: warn}]', 'escalation.steps', 'the last step acts'),
+    ('escalation: {clear_after: 90}', 'escalation.clear_after', 'write a unit'),
+    ('escalation: {clear_after: soon}', 'escalation.clear_after', 'expected a duration'),
+    ('escalation: {clear_after: -1m}', 'escalation.clear_after', 'expected a duration'),
     ('gpus: {"7-3": {reserved_for: [alice]}}', 'gpus.7-3', 'range'),
     ('gpus: {"0": {reserved_for: ["@nobody"]}}', 'gpus.0.reserved_for', 'no such list'),
     ('groups: {phd: {members: [a], unix_group: phd}}', 'groups.phd', 'not both'),
@@ -171,6 +174,13 @@ def test_ordinary_anchors_and_merge_keys_still_work():
                   'users: {carol: {<<: *base, max_mem_gib_total: 8}}\n')
     assert policy.users['carol']['max_gpus'] == 2 and policy.users['carol']['max_procs'] == 4
     assert policy.defaults['max_gpus'] == 2
+
+
+def test_clear_after_default_and_both_escalation_forms():
+    assert load('mode: warn').escalation.clear_after == P.CLEAR_AFTER == 60.0
+    assert load('escalation: {act_after: 10m, clear_after: 15m}').escalation.to_dict()['clear_after'] == 900.0
+    steps = load('escalation: {steps: [{after: 0}, {after: 5m, action: terminate}], clear_after: 0s}').escalation
+    assert steps.clear_after == 0.0 and steps.act_at == 300.0
 
 
 def test_every_error_is_reported_not_only_the_first():
