@@ -8,7 +8,8 @@
 
 Every line is one JSON object.  Its ``prev_hash`` is the SHA-256 of the previous line's bytes
 (without the newline) and its ``hash`` is the SHA-256 of the line's canonical JSON without the
-``hash`` key (keys as text, sorted as text: what the verifier reads back from the line).  Editing, deleting or reordering lines breaks the chain, and ``verify`` says where.
+``hash`` key (keys as text, sorted as text: what the verifier reads back from the line).  Editing,
+deleting or reordering lines breaks the chain, and ``verify`` says where.
 Writers serialise on an exclusive ``flock`` of the log file itself, so concurrent writers (two
 module runs, or a module and the guard timer) never interleave or fork the chain.
 """
