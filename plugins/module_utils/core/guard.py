@@ -99,9 +99,12 @@ def load_settings(path, paths):
     try:
         yaml = policy_mod.yaml_module()
         if yaml is not None:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=policy_mod.yaml_loader())  # nosec - the policy's SafeLoader subclass
         else:
             data = json.loads(text) if text.strip() else None
+        policy_mod.check_nesting(data)
+    except policy_mod.DocumentLimitError as exc:
+        raise InvalidArgument('settings', path, str(exc))
     except Exception as exc:  # pylint: disable=broad-except
         raise InvalidArgument('settings', path, 'not YAML/JSON: %s' % str(exc).replace('\n', ' '))
     if data is None:
@@ -184,7 +187,7 @@ def _valid_state(data):
         if not isinstance(entry, dict) or not policy_mod._is_number(entry.get('first_seen')) \
                 or not isinstance(entry.get('warnings'), int) or isinstance(entry.get('warnings'), bool):
             return 'violation entry %r is malformed' % key
-        if entry.get('acted_at') is not None and not policy_mod._is_number(entry.get('acted_at')):
+        if any(entry.get(name) is not None and not policy_mod._is_number(entry.get(name)) for name in ('acted_at', 'gone_since')):
             return 'violation entry %r is malformed' % key
     for key, clock in data['idle'].items():
         if not isinstance(clock, dict) or not policy_mod._is_number(clock.get('since')):
@@ -287,7 +290,12 @@ def escalate(violations, state, now, policy):
     Warnings go out at ``escalation.warn_at`` seconds after the violation was first seen; the action
     comes at ``act_at`` (a rogue violation uses the rogue grace) once every warning went out in an
     earlier tick (an ``act_at`` of 0 acts at once).  A rule whose action is ``warn`` only warns.
-    A failed action is retried after ``retry_after``.  Violations that disappeared are ``clear``ed.
+    A failed action is retried after ``retry_after``.  A violation that disappeared is ``clear``ed
+    once it has stayed away for ``clear_after`` seconds, counted from the first tick that did not
+    see it (so one tick under the limit never restarts the warnings and the grace); until then it
+    keeps its escalation and, if it comes back, goes on from where it was.  It is cleared at once
+    when it was acted on (the action ended it; a new one starts from its first warning) or when the
+    policy is disabled.
     """
     tracked = state.setdefault('violations', {})
     esc = policy.escalation
@@ -305,6 +313,7 @@ def escalate(violations, state, now, policy):
                                               'acts': 0, 'rule': violation.rule, 'subject': violation.subject,
                                               'user': violation.user}
         entry['last_seen'] = now
+        entry.pop('gone_since', None)
         entry['pids'] = list(violation.pids)[:64]
         if violation.grace is not None:
             act_at, warn_at = violation.grace, [0.0]
@@ -326,9 +335,14 @@ def escalate(violations, state, now, policy):
             act_in = max(0.0, act_at - elapsed) if acts else None
             decisions.append(Decision('warn', violation, step=due, first_seen=entry['first_seen'], act_in=act_in, entry=entry))
     for key in sorted(tracked):
-        if key not in seen:
-            entry = tracked.pop(key)
-            decisions.append(Decision('clear', key=key, first_seen=entry.get('first_seen'), entry=entry))
+        if key in seen:
+            continue
+        entry = tracked[key]
+        gone_since = entry.setdefault('gone_since', now)
+        if policy.enabled and entry.get('acted_at') is None and now - gone_since < esc.clear_after:
+            continue  # away for less than clear_after: not cleared yet
+        tracked.pop(key)
+        decisions.append(Decision('clear', key=key, first_seen=entry.get('first_seen'), entry=entry))
     return decisions
 
 

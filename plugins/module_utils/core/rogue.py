@@ -1038,12 +1038,16 @@ def _parse_document(text, source):
             raise RulesError(source, None, None, 'not UTF-8 text: %s' % exc)
     if len(text) > MAX_RULES_FILE:
         raise RulesError(source, None, None, 'larger than %d bytes' % MAX_RULES_FILE)
+    from .policy import DocumentLimitError, yaml_loader  # pylint: disable=import-outside-toplevel
     try:
-        loader = yaml.SafeLoader(text)
+        loader = yaml_loader()(text)   # the policy's loader: the same nesting and alias limits
     except yaml.YAMLError as exc:
         raise RulesError(source, None, None, 'not valid YAML: %s' % clean_text(exc, 300))
     try:
         return loader.get_single_node(), loader
+    except DocumentLimitError as exc:
+        loader.dispose()
+        raise RulesError(source, exc.line, None, exc.why)
     except yaml.MarkedYAMLError as exc:
         loader.dispose()
         mark = exc.problem_mark or exc.context_mark

@@ -25,6 +25,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes im
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import Snapshot
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_audit, gpu_kill
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import DEEP_TOML, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs
 
 XMR = '45ASi45ub7Qe4ZE36UT5G6cU4ud8Fhhe4deS4F3cw9KTAb8dLcukC7edhDQ7cn5d4gEYkbUrMWeWQLGsCmrG6dLaYyNoVKf'
 SLEEP = 'import sys, time\nsys.stdout.write("ok\\n"); sys.stdout.flush()\ntime.sleep(120)\n'
@@ -297,6 +298,29 @@ def test_bad_policy_fails_with_field_and_examines_nothing(node, monkeypatch, pol
     result = run_module(base(node, policy=policy))
     assert result['failed'] and result['field'] == field, result
     assert result['msg'].startswith('invalid policy: policy: %s: invalid value' % field)
+
+
+def _deep(levels):
+    data = 1
+    for _level in range(levels):
+        data = {'metadata': data}
+    return data
+
+
+@pytest.mark.parametrize('kind', ['toml-file', 'alias-bomb-file', 'mapping'])
+def test_policy_past_the_document_limits_fails_like_check_config(node, monkeypatch, kind):
+    """policy= goes through the same loaders as check-config and the tick: the same limits, the same clean error."""
+    def no_snapshot(**_kwargs):
+        raise AssertionError('a bad policy must fail before the node is examined')
+    monkeypatch.setattr(gpu_audit, 'take_snapshot', no_snapshot)
+    path = node['tmp'] / 'policy.toml'
+    if kind == 'toml-file':
+        path.write_text(DEEP_TOML)
+    elif kind == 'alias-bomb-file':
+        path.write_text(billion_laughs())
+    result = run_module(base(node, policy=_deep(200) if kind == 'mapping' else str(path)))
+    why = TOO_MANY_ALIASED if kind == 'alias-bomb-file' else TOO_DEEP
+    assert result['failed'] and result['msg'].startswith('invalid policy: ') and why in result['msg'], result
 
 
 def test_missing_policy_file(node):
