@@ -655,13 +655,15 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         problem = record_history(paths, snapshot, now, settings)
         if problem:
             warnings.append(problem)
+    exe_hashes = None
     if context is None:
         # executables' digests are kept across ticks (exe_hash): most ticks read no executable
-        if not isinstance(state.get('exe_hashes'), dict):
-            state['exe_hashes'] = {}
-        more, context = build_context(policy, snapshot, paths, settings, exe_hashes=ExeHashes(state['exe_hashes']))
+        exe_hashes = ExeHashes(state.get('exe_hashes'))
+        more, context = build_context(policy, snapshot, paths, settings, exe_hashes=exe_hashes)
         warnings.extend(more)
     state, violations, notes, decisions = decide(policy, snapshot, state, now, context)
+    if exe_hashes is not None:
+        state['exe_hashes'] = exe_hashes.entries
     patterns = policy.notify.redact_patterns
     counters = state.setdefault('counters', new_state(now)['counters'])
     if write:
