@@ -33,6 +33,7 @@ import time
 
 from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod
 from .errors import GpuFleetError, InvalidArgument
+from .exe_hash import ExeHashes
 from .processes import user_uid
 
 STATE_VERSION = 1
@@ -495,9 +496,13 @@ def notify_users(decisions, policy, mode, host, settings, patterns):
 
 
 # ============================================================================ the tick
-def build_context(policy, snapshot, paths, settings, proc_root='/proc'):
-    """The evaluation Context of a live node: scheduler, allocations, rogue findings.  (warnings, context)"""
+def build_context(policy, snapshot, paths, settings, proc_root='/proc', exe_hashes=None):
+    """The evaluation Context of a live node: scheduler, allocations, rogue findings.  (warnings, context)
+
+    ``exe_hashes``: the exe_hash.ExeHashes that both the exemptions and the rogue allowlist hash
+    executables with (a tick's keeps its digests in the state); default: a new one."""
     warnings = []
+    exe_hashes = exe_hashes if exe_hashes is not None else ExeHashes(proc_root=proc_root)
     needs_allocation = policy.defaults.get('require_allocation') or any(
         u.get('require_allocation') for u in policy.users.values()) or any(
         g.limits.get('require_allocation') for g in policy.groups)
@@ -514,7 +519,7 @@ def build_context(policy, snapshot, paths, settings, proc_root='/proc'):
             config = rogue.load_config(rules_file=policy.rogue.rules_file)
             warnings.extend(config.warnings)
             found, more, _count = rogue.detect_snapshot(snapshot, config=config, min_level=policy.rogue.act_min_level,
-                                                        history_path=paths.history)
+                                                        history_path=paths.history, exe_hashes=exe_hashes)
             warnings.extend(more)
             findings = dict((f['pid'], f) for f in found if f.get('listed'))
         except ImportError:
@@ -522,7 +527,7 @@ def build_context(policy, snapshot, paths, settings, proc_root='/proc'):
         except GpuFleetError as exc:
             warnings.append('rogue detection failed: %s' % exc)
     return warnings, policy_mod.Context(scheduler=scheduler, allocations=allocations, rogue_findings=findings,
-                                        proc_root=proc_root)
+                                        proc_root=proc_root, exe_cache=exe_hashes)
 
 
 def record_history(paths, snapshot, now, settings):
@@ -657,10 +662,15 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         problem = record_history(paths, snapshot, now, settings)
         if problem:
             warnings.append(problem)
+    exe_hashes = None
     if context is None:
-        more, context = build_context(policy, snapshot, paths, settings)
+        # executables' digests are kept across ticks (exe_hash): most ticks read no executable
+        exe_hashes = ExeHashes(state.get('exe_hashes'))
+        more, context = build_context(policy, snapshot, paths, settings, exe_hashes=exe_hashes)
         warnings.extend(more)
     state, violations, notes, decisions = decide(policy, snapshot, state, now, context)
+    if exe_hashes is not None:
+        state['exe_hashes'] = exe_hashes.entries
     patterns = policy.notify.redact_patterns
     counters = state.setdefault('counters', new_state(now)['counters'])
     if write:
@@ -746,7 +756,7 @@ def dry_run(policy, snapshot, paths, settings=None, now=None):
     state, problem = load_state(paths.state, now) if paths.state else (new_state(now), None)
     if problem:
         warnings.append(problem)
-    more, context = build_context(policy, snapshot, paths, settings)
+    more, context = build_context(policy, snapshot, paths, settings, exe_hashes=ExeHashes(state.get('exe_hashes')))
     warnings.extend(more)
     _state, violations, notes, decisions = decide(policy, snapshot, state, now, context)
     decided = dict((d.key, d) for d in decisions if d.violation is not None)

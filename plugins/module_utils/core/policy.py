@@ -40,6 +40,7 @@ import shlex
 
 from . import notify as notify_mod
 from .errors import InvalidArgument
+from .exe_hash import ExeHashes
 from .idle import process_utilization
 from .killer import DEFAULT_PROTECT_NAMES
 from .processes import scheduler_daemon
@@ -2060,19 +2061,19 @@ class Context(object):
     groups: {user: [group names]} (None: the host's Unix groups).  scheduler: 'slurm', 'kubernetes'
     or None (the node allocates GPUs through them; 'auto' detects slurmd/kubelet).  allocations:
     {gpu index: set of owner ids ('slurm:<job>' or 'pod:<uid>')} or None when unknown.
-    rogue_findings: {pid: finding} from core.rogue, or None.  exe_hashes: {pid: sha256} (None: read
-    /proc/PID/exe when an exemption asks for a hash).
+    rogue_findings: {pid: finding} from core.rogue, or None.  exe_hashes: {pid: sha256} (None: hash
+    /proc/PID/exe through ``exe_cache``, an exe_hash.ExeHashes, when an exemption asks for a hash).
     """
 
     def __init__(self, groups=None, scheduler=None, allocations=None, rogue_findings=None, exe_hashes=None,
-                 proc_root='/proc'):
+                 proc_root='/proc', exe_cache=None):
         self._groups = groups
         self._group_cache = {}
         self.scheduler = scheduler
         self.allocations = allocations
         self.rogue_findings = rogue_findings
         self._exe_hashes = exe_hashes
-        self._hash_cache = {}
+        self.exe_cache = exe_cache if exe_cache is not None else ExeHashes(proc_root=proc_root)
         self.proc_root = proc_root
         if scheduler == 'auto':
             self.scheduler = detect_scheduler(proc_root)
@@ -2089,10 +2090,7 @@ class Context(object):
     def exe_sha256(self, proc):
         if self._exe_hashes is not None:
             return self._exe_hashes.get(proc.pid)
-        key = (proc.pid, proc.starttime)
-        if key not in self._hash_cache:
-            self._hash_cache[key] = _hash_exe(proc.pid, self.proc_root)
-        return self._hash_cache[key]
+        return self.exe_cache.sha256(proc.pid, proc.starttime)
 
 
 _ALL_GROUPS = None
@@ -2120,26 +2118,8 @@ def _unix_groups(user):
     return tuple(names)
 
 
-def _hash_exe(pid, proc_root='/proc', limit=1024 * 1024 * 1024):
-    digest = hashlib.sha256()
-    try:
-        with open(os.path.join(proc_root, str(pid), 'exe'), 'rb') as handle:
-            read = 0
-            while True:
-                block = handle.read(1024 * 1024)
-                if not block:
-                    break
-                read += len(block)
-                if read > limit:
-                    return None
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
-
-
 def detect_scheduler(proc_root='/proc'):
-    """'slurm' or 'kubernetes' when slurmd or kubelet runs here, else None."""
+    """'slurm' or 'kubernetes' when root runs slurmd or kubelet here (never a name alone: processes.scheduler_daemon), else None."""
     return {'slurmd': 'slurm', 'kubelet': 'kubernetes'}.get(scheduler_daemon(proc_root))
 
 
@@ -2366,7 +2346,7 @@ def evaluate_detailed(policy, snapshot, state, now, context=None):
     violations.extend(_group_rules(run, by_user))
     violations.extend(_gpu_rules(run, quota))
     violations.extend(_rogue_rule(run))
-    return violations, run.notes
+    return violations, run.notes + [note for note in context.exe_cache.notes if note not in run.notes]
 
 
 def _user_rules(run, user, procs):

@@ -19,6 +19,7 @@ import time
 import pytest
 import yaml
 
+from ansible_collections.gpufleet.reclaim.plugins.doc_fragments import _attributes
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, history
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.model import Device, GpuProcess
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import ProcessInventory
@@ -217,11 +218,22 @@ def test_invalid_options(node, args, field):
     assert result['failed'] and result['field'] == field
 
 
+def documented_options(module):
+    """A module's options: its own and those of the collection's doc fragments it extends."""
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    options = dict(doc['options'])
+    for name in doc.get('extends_documentation_fragment') or ():
+        if name.startswith('gpufleet.reclaim._attributes.'):
+            fragment = getattr(_attributes.ModuleDocFragment, name.rsplit('.', 1)[1])
+            options.update(yaml.safe_load(fragment).get('options') or {})
+    return options
+
+
 def test_documentation_matches_the_argument_spec():
-    doc = yaml.safe_load(gpu_audit.DOCUMENTATION)
+    options = documented_options(gpu_audit)
     spec = gpu_audit.argument_spec()
-    assert set(doc['options']) == set(spec)
-    for name, option in doc['options'].items():
+    assert set(options) == set(spec)
+    for name, option in options.items():
         assert option.get('default') == spec[name].get('default'), name
         assert option['type'] == spec[name]['type'], name
     assert spec['policy']['type'] == 'raw'
@@ -345,6 +357,45 @@ def test_gpu_kill_rogue_takes_the_audit_rules_and_allowlist(node, tmp_path):
     allowlist = [{'user': pwd_name(node['miner']), 'cmdline': 'stratum'}]
     inline, _options = gpu_kill.build(kill_args(rogue=True, rules={'allowlist': allowlist}))
     assert inline.rogue_detector(snap, 'critical') == {}
+
+
+def test_gpu_kill_builds_the_detector_as_gpu_audit_does():
+    """Both take the detector's options from one spec (rogue.detector_argument_spec), with the same defaults."""
+    audit_spec, kill_spec = gpu_audit.argument_spec(), gpu_kill.argument_spec()
+    for name in ('history_path', 'require_allocation'):
+        assert kill_spec[name] == audit_spec[name], name
+    assert audit_spec['history_path']['default'] == history.DEFAULT_PATH
+    kill_options = documented_options(gpu_kill)
+    assert set(kill_options) == set(kill_spec)
+    for name in ('history_path', 'require_allocation'):
+        assert kill_options[name].get('default') == kill_spec[name]['default'], name
+
+
+def test_gpu_kill_and_gpu_audit_agree_on_a_finding_that_needs_the_history(node):
+    """The legitimate job reaches medium only with its flat memory from the usage history (B-flat-mem)
+    and the missing allocation: audit and kill must see the same."""
+    db = str(node['tmp'] / 'history.db')
+    snap = node['snapshot']()
+    now = time.time()
+    for minute in range(40, -1, -1):
+        history.record_samples(db, snap, now=now - 60 * minute, interval_s=60)
+    snap.taken_at = now
+    args = {'history_path': db, 'require_allocation': 'always', 'min_level': 'medium'}
+    audit = dict((f['pid'], f) for f in run_module(args)['findings'])
+    finding = audit[node['legit']]
+    assert finding['level'] == 'medium'
+    assert 'B-flat-mem' in [r['id'] for r in finding['rules']]      # from the history: without it, 5 points short
+    selector, _options = gpu_kill.build(kill_args(rogue=True, rogue_min_level='medium', history_path=db,
+                                                  require_allocation='always'))
+    selected = selector.rogue_detector(snap, 'medium')
+    assert sorted(selected) == sorted(audit) and node['legit'] in selected
+    assert selected[node['legit']]['level'] == finding['level'] and selected[node['legit']]['score'] == finding['score']
+    # without the history, neither selects it
+    args['history_path'] = str(node['tmp'] / 'none.db')
+    assert node['legit'] not in [f['pid'] for f in run_module(args)['findings']]
+    selector, _options = gpu_kill.build(kill_args(rogue=True, rogue_min_level='medium', history_path=args['history_path'],
+                                                  require_allocation='always'))
+    assert node['legit'] not in selector.rogue_detector(snap, 'medium')
 
 
 def test_gpu_kill_rules_need_rogue_and_a_valid_file(tmp_path):
