@@ -24,6 +24,7 @@ import struct
 
 from .errors import InvalidArgument
 from .select import bounded_sub
+from .text import printable
 
 UTMP_PATHS = ('/run/utmp', '/var/run/utmp')
 USER_PROCESS = 7
@@ -290,11 +291,13 @@ def describe_procs(procs, patterns):
 
 
 def user_text(host, user, items, mode, prefix=''):
-    """The terminal message for ``user``: one line per decision."""
+    """The terminal message for ``user``: one line per decision.  Every line is escaped
+    (text.printable): messages name processes and users, whose text their owners chose, and the
+    message goes to terminals; the policy's ``message`` keeps its own line breaks."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime('%H:%M:%S UTC')
     lines = ['*** gpufleet-guard on %s, %s: a message for %s ***' % (host, stamp, user)]
     if prefix:
-        lines.append(prefix)
+        lines.extend(prefix.split('\n'))
     for item in items:
         pids = ', '.join(str(p) for p in item['pids']) or '-'
         if item['decision'] == 'act':
@@ -306,7 +309,7 @@ def user_text(host, user, items, mode, prefix=''):
             if item.get('acts') and when is not None:
                 tail = ' Process(es) %s will be terminated in about %s unless this is fixed.' % (pids, _human(when))
             lines.append('- Warning %s: %s.%s' % (item.get('step') or 1, item['message'], tail))
-    return '\n'.join(lines)[:MAX_MESSAGE]
+    return '\n'.join(printable(line) for line in lines)[:MAX_MESSAGE]
 
 
 def _human(seconds):

@@ -16,8 +16,8 @@ the screen, start a new (forged) line or reorder what is shown with a visible es
   ``\\xNN``;
 * the Unicode line and paragraph separators U+2028 and U+2029 and the bidirectional controls
   (U+061C, U+200E, U+200F, U+202A-U+202E, U+2066-U+2069: "Trojan Source") as ``\\uNNNN``;
-* lone surrogates (undecodable bytes kept by ``surrogateescape``) as ``\\uNNNN``, so that the text
-  can always be encoded.
+and, like ``clean_text`` (JSON-safe text), bytes are decoded as UTF-8 and invalid bytes or lone
+surrogates become U+FFFD, so that the text can always be encoded.
 
 A backslash is left as it is: the escapes are for display, not a reversible encoding.
 """
@@ -26,7 +26,23 @@ from __future__ import annotations
 
 import re
 
-_UNSAFE_RE = re.compile('[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]')
+_UNSAFE_RE = re.compile('[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]')
+_SURROGATES_RE = re.compile('[\ud800-\udfff]')
+
+
+def clean_text(value, limit=None):
+    """A JSON-safe str from str/bytes/anything (invalid UTF-8 and surrogates replaced; None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode('utf-8', 'replace')
+    elif not isinstance(value, str):
+        value = str(value)
+    if _SURROGATES_RE.search(value):
+        value = _SURROGATES_RE.sub('\ufffd', value)
+    if limit is not None and len(value) > limit:
+        value = value[:limit] + '...'
+    return value
 
 
 def _escape(match):
@@ -37,13 +53,8 @@ def _escape(match):
 def printable(value):
     """``value`` (str, bytes, anything; None stays None) as text with no character a terminal or a
     viewer acts on: see the module docstring.  Plain text is returned unchanged."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode('utf-8', 'replace')
-    elif not isinstance(value, str):
-        value = str(value)
-    return _UNSAFE_RE.sub(_escape, value)
+    value = clean_text(value)
+    return None if value is None else _UNSAFE_RE.sub(_escape, value)
 
 
 def printable_lines(text):
