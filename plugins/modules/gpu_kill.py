@@ -262,9 +262,10 @@ killed:
       returned: always
     cmdline:
       description:
-        - Command line, redacted with the default patterns of the guard's policy (C(notify.redact_patterns), docs/policy.md):
-          passwords, tokens, keys and URL credentials become C(<redacted>). When a secret is in the argument after its
-          option (C(--password X)), the list holds one element, the whole redacted command line. The same goes to O(audit_log).
+        - Command line, redacted with the default patterns of the guard's policy (C(notify.redact_patterns) in the
+          collection's C(docs/policy.md)). Passwords, tokens, keys and URL credentials become C(<redacted>). When a secret
+          is in the argument after its option (C(--password X)), the list holds one element, the whole redacted command
+          line. The same goes to O(audit_log).
       type: list
       elements: str
       returned: always

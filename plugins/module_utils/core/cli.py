@@ -262,7 +262,7 @@ def cmd_check_config(args, out, stdin=None):
         _print_json({'valid': True, 'file': args.file, 'summary': policy.summary(), 'notes': notes}, out)
     else:
         _line(out, '%s: valid (%s format, mode %s%s)' % (args.file, policy.format, policy.mode,
-                                                        '' if policy.enabled else ', disabled'))
+                                                         '' if policy.enabled else ', disabled'))
         for note in notes:
             _line(out, 'note: %s' % note)
     return 0
