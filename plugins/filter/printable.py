@@ -11,7 +11,7 @@ short_description: Escape the characters a terminal, a log viewer or a browser a
 version_added: 0.1.0
 description:
   - Returns the text with every C0 and C1 control character (tab and newline included), DEL, the Unicode line and
-    paragraph separators and the bidirectional controls replaced by a visible escape (C(\\x1b), C(\\u202e)).
+    paragraph separators and the bidirectional controls replaced by a visible escape (C(\x1b), C(\u202e)).
   - Process names, command lines and user names come from the nodes' users; the fleet report runs every such value
     through this filter before HTML escaping or CSV quoting, so that no value can forge a line or reorder the text.
   - The same function as the guard agent's terminal output (the collection's core C(text.printable)).
