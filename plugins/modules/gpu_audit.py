@@ -232,7 +232,10 @@ findings:
       type: str
       returned: always
     cmdline:
-      description: The command line (at most 64 arguments of 1024 characters each).
+      description:
+        - The command line (at most 64 arguments of 1024 characters each), redacted with the default patterns of the
+          guard's policy (passwords, tokens, keys, URL credentials become C(<redacted>); a secret in the argument after
+          its option makes the list one element, the whole redacted command line).
       type: list
       elements: str
       returned: always
@@ -459,6 +462,7 @@ def log_record(finding, run_id, host):
 
 
 def syslog_message(finding):
+    """One syslog line: JSON with ensure_ascii, so no control character of the user's exe path reaches syslog."""
     brief = {'level': finding['level'], 'score': finding['score'], 'pid': finding['pid'], 'user': finding['user'],
              'gpu_indexes': finding['gpu_indexes'], 'used_mib': finding['used_mib'], 'exe': finding['exe'],
              'rules': [r['id'] for r in finding['rules']], 'allowlisted': bool(finding['allowlisted'])}

@@ -189,6 +189,7 @@ options:
     description:
       - Absolute path of the JSON Lines file on the node that each run which signals something is appended to (who, when,
         the selectors and options, and what happened to each process). Lines are hash-chained, so edits are detectable.
+      - Command lines in the log are redacted like RV(killed[].cmdline).
       - An empty value or V(none) disables the log.
     type: path
     default: /var/log/gpufleet/actions.jsonl
@@ -263,7 +264,11 @@ killed:
       type: str
       returned: always
     cmdline:
-      description: Command line.
+      description:
+        - Command line, redacted with the default patterns of the guard's policy (C(notify.redact_patterns) in the
+          collection's C(docs/policy.md)). Passwords, tokens, keys and URL credentials become C(<redacted>). When a secret
+          is in the argument after its option (C(--password X)), the list holds one element, the whole redacted command
+          line. The same goes to O(audit_log).
       type: list
       elements: str
       returned: always
@@ -425,6 +430,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reclaim impo
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import (
     RulesError, detector_argument_spec, detector_options, load_config, selector_detector)
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import ROGUE_LEVELS, Selector
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import printable
 
 
 def argument_spec():
@@ -486,7 +492,8 @@ def build(params):
 
 
 def _line(entry):
-    return '%s %s %s' % (entry['pid'], entry.get('user'), ' '.join(entry.get('cmdline') or []) or entry.get('name') or '')
+    """One process in the diff (shown as it is by Ansible's diff output: escaped; the command line is redacted)."""
+    return printable('%s %s %s' % (entry['pid'], entry.get('user'), ' '.join(entry.get('cmdline') or []) or entry.get('name') or ''))
 
 
 def diff(result):

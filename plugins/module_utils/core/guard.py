@@ -530,8 +530,18 @@ def build_context(policy, snapshot, paths, settings, proc_root='/proc', exe_hash
                                         proc_root=proc_root, exe_cache=exe_hashes)
 
 
-def record_history(paths, snapshot, now, settings):
-    """Append the snapshot to the SQLite usage history; returns a warning or None (never raises)."""
+def violation_dict(violation, patterns):
+    """``Violation.to_dict()`` with the processes' command lines redacted (notify.redact_argv): what
+    the tick's summary (printed, returned by gpu_audit) says about a violation."""
+    item = violation.to_dict()
+    for proc in item['procs']:
+        proc['cmdline'] = notify_mod.redact_argv(proc.get('cmdline'), patterns)
+    return item
+
+
+def record_history(paths, snapshot, now, settings, patterns=None):
+    """Append the snapshot to the SQLite usage history, command lines redacted by ``patterns`` (the
+    policy's; None: the defaults); returns a warning or None (never raises)."""
     if not paths.history:
         return None
     try:
@@ -542,7 +552,7 @@ def record_history(paths, snapshot, now, settings):
         kwargs = {}
         if settings.history_retention_days:
             kwargs['retention_days'] = settings.history_retention_days
-        history.record_samples(paths.history, snapshot, now, **kwargs)
+        history.record_samples(paths.history, snapshot, now, patterns=patterns, **kwargs)
     except Exception as exc:  # pylint: disable=broad-except
         return 'could not record the usage history in %s: %s' % (paths.history, exc)
     return None
@@ -659,7 +669,7 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         snapshot = take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=dev_roots, inventory=inventory)
     warnings.extend(snapshot.errors)
     if write:
-        problem = record_history(paths, snapshot, now, settings)
+        problem = record_history(paths, snapshot, now, settings, policy.notify.redact_patterns)
         if problem:
             warnings.append(problem)
     exe_hashes = None
@@ -708,7 +718,7 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
     state['last_tick'] = now
     state['last_tick_duration'] = round(duration, 3)
     state['mode'] = mode
-    summary.update(violations=[v.to_dict() for v in violations], decisions=list(records), notes=notes[:100])
+    summary.update(violations=[violation_dict(v, patterns) for v in violations], decisions=list(records), notes=notes[:100])
     if write:
         unlogged = sum(1 for record in records if not _log(paths, record, warnings))
         if unlogged:
@@ -763,7 +773,7 @@ def dry_run(policy, snapshot, paths, settings=None, now=None):
     mode = settings.mode or policy.mode
     out = []
     for violation in violations:
-        item = violation.to_dict()
+        item = violation_dict(violation, policy.notify.redact_patterns)
         decision = decided.get(violation.key)
         acts = violation.action in ('terminate', 'kill')
         if not acts:

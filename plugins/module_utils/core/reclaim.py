@@ -16,7 +16,7 @@ import os
 import signal as signals
 import time
 
-from . import audit_log, killer
+from . import audit_log, killer, notify
 from .backends import select as select_backends
 from .errors import InvalidArgument
 from .idle import UtilizationHistory
@@ -54,7 +54,7 @@ class ReclaimOptions(object):
     def __init__(self, signal='TERM', timeout=10.0, force=False, tree=True, release_timeout=15.0,
                  protect_names=killer.DEFAULT_PROTECT_NAMES, protect_users=(), vendor='auto',
                  audit_path=None, history_path=None, kill_timeout=5.0, audit_field='audit_log',
-                 history_field='utilization_history'):
+                 history_field='utilization_history', redact_patterns=None):
         if signal not in SIGNALS:
             raise InvalidArgument('signal', signal, 'expected one of %s' % ', '.join(SIGNALS))
         self.signal = signal
@@ -68,6 +68,8 @@ class ReclaimOptions(object):
         self.vendor = vendor
         self.audit_path = _optional_path(audit_field, audit_path)
         self.history_path = _optional_path(history_field, history_path)
+        # the command lines in the result and the audit records (notify.redact_argv): the policy's, or the defaults
+        self.redact_patterns = notify.default_patterns() if redact_patterns is None else list(redact_patterns)
 
     def summary(self):
         return {'signal': self.signal, 'timeout': self.timeout, 'force': self.force, 'tree': self.tree,
@@ -425,6 +427,8 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     killed = [v.as_result() for v in victims if v.outcome == 'killed']
     failed = [v.as_result() for v in victims if v.outcome == 'failed']
     skipped = decided.skipped + [v.as_result() for v in victims if v.outcome == 'skipped']
+    for entry in killed + failed + skipped:  # the result goes to the audit log and to the caller's output
+        entry['cmdline'] = notify.redact_argv(entry.get('cmdline'), options.redact_patterns)
     signalled = not check_mode and any(v.signals for v in victims)
     freed = dict((str(index), entry['freed_mib']) for index, entry in sorted(release.items()))
     result = {

@@ -36,12 +36,13 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from . import rogue_rules as R
+from . import notify, rogue_rules as R
 from .errors import GpuFleetError, InvalidArgument, MissingLibrary
 from .exe_hash import ExeHashes
 from .processes import scheduler_daemon
 from .select import MAX_MATCH_TEXT, compile_regex
 from .select import _human  # one duration formatter for the core's messages
+from .text import clean_text
 
 try:
     import yaml
@@ -69,7 +70,6 @@ _ID_RE = re.compile(r'^[A-Za-z][A-Za-z0-9_.-]{0,63}$')
 _HOST_RE = re.compile(r'^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)+$')
 _SHA256_RE = re.compile(r'^[0-9a-f]{64}$')
 _VERSION_SUFFIX_RE = re.compile(r'[-_.]?v?\d[0-9a-z._-]{0,30}$')
-_SURROGATES_RE = re.compile('[\ud800-\udfff]')
 _PRIVATE_NETS = tuple(ipaddress.ip_network(n) for n in R.PRIVATE_NETWORKS)
 TCP_STATES = {'01': 'ESTABLISHED', '02': 'SYN_SENT', '03': 'SYN_RECV', '04': 'FIN_WAIT1', '05': 'FIN_WAIT2',
               '06': 'TIME_WAIT', '07': 'CLOSE', '08': 'CLOSE_WAIT', '09': 'LAST_ACK', '0A': 'LISTEN', '0B': 'CLOSING'}
@@ -89,21 +89,6 @@ class RulesError(GpuFleetError):
 
 
 # ---------------------------------------------------------------------------- text helpers
-def clean_text(value, limit=None):
-    """A printable, JSON-safe str from str/bytes/anything (invalid UTF-8 and surrogates replaced)."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode('utf-8', 'replace')
-    elif not isinstance(value, str):
-        value = str(value)
-    if _SURROGATES_RE.search(value):
-        value = _SURROGATES_RE.sub('\ufffd', value)
-    if limit is not None and len(value) > limit:
-        value = value[:limit] + '...'
-    return value
-
-
 def _evidence(source, value, note=None):
     return {'source': source, 'value': clean_text(value, MAX_EVIDENCE_TEXT), 'note': note}
 
@@ -1328,9 +1313,11 @@ class Detector(object):
 
 
 def _output_cmdline(args):
+    """The command line of a finding (returned, and appended to the audit log): bounded, and redacted
+    with the default patterns (notify.redact_argv: a finding at level info is any GPU process)."""
     if args is None:
         return None
-    return [clean_text(a, MAX_OUTPUT_ARG) for a in args[:MAX_OUTPUT_ARGS]]
+    return notify.redact_argv([clean_text(a, MAX_OUTPUT_ARG) for a in args[:MAX_OUTPUT_ARGS]], notify.default_patterns())
 
 
 def finding_dict(facts, score, level, fired, suppressors, points, behavioural, allowed, notes):
