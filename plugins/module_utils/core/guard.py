@@ -80,12 +80,14 @@ class Settings(object):
         self.dev_root = dev_root
         self.utmp_paths = utmp_paths
         self.mode = mode              # overrides the policy's mode (tick --dry-run)
+        self.refused = None           # why the settings file was not read (a link, or someone else could change it)
 
 
 def load_settings(path, paths):
     """Read the settings file (YAML or JSON mapping, mode 0600: it may hold the webhook URL).
 
-    Missing file: defaults.  Path keys update ``paths``.  Raises InvalidArgument on a bad file.
+    Missing file: defaults.  A file that is a link, or that someone else than root (or the agent's
+    user) could change or swap (safe_files): not read, the defaults, ``refused`` says why.  Path keys update ``paths``.  Raises InvalidArgument on a bad file.
     """
     settings = Settings()
     if not path:
@@ -96,8 +98,9 @@ def load_settings(path, paths):
     except FileNotFoundError:
         return settings
     except safe_files.UnsafeFile as exc:
-        # the settings name the log and the metrics: with no trusted place to record it, every command stops here
-        raise InvalidArgument('settings', path, 'refusing to read it: %s' % exc)
+        # not read: the defaults apply, and a tick refuses to act (untrusted_inputs checks this file too)
+        settings.refused = 'the settings were not read: %s' % exc
+        return settings
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidArgument('settings', path, 'cannot read: %s' % exc)
     try:
