@@ -418,6 +418,8 @@ def main():
     except GpuFleetError as exc:
         module.fail_json(msg=str(exc))
 
+    for warning in snapshot.unreadable:
+        module.warn(warning)
     facts = snapshot.to_facts()
     if params['fail_on_no_gpu'] and not snapshot.all_devices:
         module.fail_json(msg=no_gpu_message(facts), ansible_facts=dict(gpu=facts))

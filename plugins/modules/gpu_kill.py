@@ -340,6 +340,37 @@ failed_processes:
   returned: always
   type: list
   elements: dict
+unmatched:
+  description:
+    - Each request that led nowhere, with why. A pid of O(pids) that selected nothing (it does not exist here, it is
+      not a GPU process, it holds a GPU device file the driver does not list, or it does not match the other
+      selectors; a protected pid says so too), a user of O(users) that selected nothing (unknown on this node, no GPU
+      process here, or none matching the other selectors), or, when nothing was selected at all and no pid or user
+      explains it, the selection as a whole.
+    - A pid that does not exist or is not a GPU process, and a user this node does not know, are also reported as
+      warnings; the task does not fail for them (on a fleet, user databases and running processes differ per node, and
+      a pid that is gone is what a kill wants). A user who exists but has no GPU process here is no warning.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    request:
+      description: What was asked for.
+      type: str
+      choices: [pid, user, selection]
+    value:
+      description: The pid, the user name, or (for C(selection)) the selectors as given.
+      type: raw
+    reason:
+      description: Why it selected nothing.
+      type: str
+  sample:
+    - request: pid
+      value: 99999
+      reason: no process with pid 99999 exists here (it has exited, or never existed)
+    - request: user
+      value: nosuchuser
+      reason: no user nosuchuser exists on this node (checked with the system user database)
 freed_mib:
   description: MiB freed per GPU (keys are host-wide GPU indexes as strings), measured through the driver.
   returned: always

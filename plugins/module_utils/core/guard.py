@@ -33,6 +33,7 @@ import time
 
 from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod, safe_files
 from .errors import GpuFleetError, InvalidArgument
+from .processes import user_uid
 
 STATE_VERSION = 1
 DEFAULT_PATHS = {
@@ -462,7 +463,7 @@ def notify_users(decisions, policy, mode, host, settings, patterns):
                 if proc.get('user') == user and proc.get('uid') is not None:
                     uid = proc['uid']
         if uid is None and user is not None:
-            uid = _uid_of(user)
+            uid = user_uid(user)
         payload = []
         for decision in items:
             entry = decision.to_dict(patterns)
@@ -476,14 +477,6 @@ def notify_users(decisions, policy, mode, host, settings, patterns):
             if result.get(channel) == 'failed':
                 failures[channel] = failures.get(channel, 0) + 1
     return failures
-
-
-def _uid_of(user):
-    try:
-        import pwd  # pylint: disable=import-outside-toplevel
-        return pwd.getpwnam(user).pw_uid
-    except (ImportError, KeyError):
-        return None
 
 
 # ============================================================================ the tick

@@ -358,6 +358,15 @@ def user_name(uid):
         return str(uid)
 
 
+def user_uid(name):
+    """The uid of login name ``name``, or None when this node does not know it."""
+    try:
+        import pwd  # pylint: disable=import-outside-toplevel
+        return pwd.getpwnam(name).pw_uid
+    except (ImportError, KeyError):
+        return None
+
+
 def read_proc_files(pid, proc_root='/proc', cmdline_limit=None):
     """Read /proc/PID directly: ``{'stat': parse_stat(), 'uid': real uid, 'cmdline': [...], 'exe': path}``.
 
