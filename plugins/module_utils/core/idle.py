@@ -133,7 +133,7 @@ class UtilizationHistory(object):
         """Write atomically (temp file and rename) with mode 0600; returns an error text or None."""
         try:
             safe_files.write_atomic(self.path, json.dumps({'version': 1, 'processes': self.samples}, separators=(',', ':')),
-                         mode=0o600, dir_mode=0o750)
+                                    mode=0o600, dir_mode=0o750)
         except (OSError, ValueError) as exc:
             return 'could not save utilization history %s: %s' % (self.path, exc)
         return None

@@ -49,11 +49,11 @@ class UnsafeFile(OSError):
     def __init__(self, path, why, is_dir=False):
         self.why = why
         self.is_dir = is_dir
-        sentence = 'the %s %s %s' % ('directory' if is_dir else 'file', path, why)
-        super(UnsafeFile, self).__init__(errno.EPERM, sentence, path)
+        self.sentence = 'the %s %s %s' % ('directory' if is_dir else 'file', path, why)
+        super(UnsafeFile, self).__init__(errno.EPERM, self.sentence, path)
 
     def __str__(self):
-        return self.strerror
+        return self.sentence
 
 
 def _writable_by(mode):
