@@ -87,8 +87,9 @@ class Settings(object):
 def load_settings(path, paths):
     """Read the settings file (YAML or JSON mapping, mode 0600: it may hold the webhook URL).
 
-    Missing file: defaults.  A file that is a link, or that someone else than root (or the agent's
-    user) could change or swap (safe_files): not read, the defaults, ``refused`` says why.  Path keys update ``paths``.  Raises InvalidArgument on a bad file.
+    Missing file: defaults.  Path keys update ``paths``.  Raises InvalidArgument on a bad file.  A
+    file that is a link, or that someone else than root (or the agent's user) could change or swap
+    (safe_files): not read, the defaults, ``refused`` says why (a tick then refuses to act).
     """
     settings = Settings()
     if not path:
