@@ -32,6 +32,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpufleet.reclaim._attributes
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
+  - gpufleet.reclaim._attributes.ROGUE_DETECTOR
 attributes:
   check_mode:
     support: full
@@ -115,7 +116,9 @@ options:
       - This is the detector of gpufleet.reclaim.gpu_audit, with its built-in rules plus O(rules_file) and O(rules) (the
         same site rules and allowlist that gpu_audit was given); run gpu_audit first to see the findings and their evidence.
         V(critical) needs a hard indicator such as a stratum URL, miner options, a wallet address or a pool connection.
-      - Utilization and memory samples are read from the usage history C(/var/lib/gpufleet/history.db) when it exists.
+      - Utilization and memory samples are read from the usage history O(history_path) when it exists, and O(require_allocation)
+        decides whether GPU use outside any job or container counts, exactly as in gpufleet.reclaim.gpu_audit, so that both
+        modules reach the same findings.
     type: bool
     default: false
   rogue_min_level:
@@ -419,12 +422,15 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors impor
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reclaim import SIGNALS, ReclaimOptions, reclaim
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import RulesError, load_config, selector_detector
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import (
+    RulesError, detector_argument_spec, detector_options, load_config, selector_detector)
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import ROGUE_LEVELS, Selector
 
 
 def argument_spec():
+    # require_allocation and history_path (for rogue=true): detector_argument_spec(), as in gpu_audit
     return dict(
+        detector_argument_spec(),
         pids=dict(type='list', elements='int'),
         gpus=dict(type='list', elements='str'),
         users=dict(type='list', elements='str'),
@@ -471,7 +477,7 @@ def build(params):
                         name=params['name'], cmdline=params['cmdline'], min_used_mib=params['min_used_mib'],
                         idle_for=params['idle_for'], idle_util_pct=params['idle_util_pct'], older_than=params['older_than'],
                         orphans=params['orphans'], rogue=params['rogue'], rogue_min_level=params['rogue_min_level'],
-                        all_on_gpus=params['all_on_gpus'], rogue_detector=selector_detector(config=config))
+                        all_on_gpus=params['all_on_gpus'], rogue_detector=selector_detector(config=config, **detector_options(params)))
     options = ReclaimOptions(signal=params['signal'], timeout=params['timeout'], force=params['force'], tree=params['tree'],
                              release_timeout=params['release_timeout'], protect_names=params['protect_names'],
                              protect_users=params['protect_users'], vendor=params['vendor'],
