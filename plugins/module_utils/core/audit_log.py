@@ -25,6 +25,8 @@ import json
 import os
 import re
 
+from . import safe_files
+
 GENESIS = '0' * 64
 
 
@@ -126,16 +128,6 @@ def actor():
     return {'user': name, 'uid': os.geteuid(), 'sudo_user': os.environ.get('SUDO_USER'), 'host': os.uname().nodename}
 
 
-def _write_all(fd, data):
-    """os.write until every byte is written (a short write is retried; an error raises OSError)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if not written:
-            raise OSError(errno.EIO, 'the write made no progress')
-        view = view[written:]
-
-
 def append(path, record):
     """Append ``record`` (a dict) to the chained log at ``path``; returns the written record.
 
@@ -145,10 +137,9 @@ def append(path, record):
     last line left by an earlier crash is ended with a newline first (verify reports it; the new
     line chains onto its bytes), so a new record is never glued onto it.
     """
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(directory, mode=0o750, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NOFOLLOW', 0), 0o640)
+        # no link followed anywhere in the path; the directories and the file checked on their descriptors
+        fd = safe_files.open_append(path, mode=0o640, dir_mode=0o750)
     except OSError as exc:
         raise AuditLogError('cannot open audit log %s: %s' % (path, exc.strerror or exc))
     # Unbuffered: a failed write leaves nothing in a buffer that a later flush (or close) could
@@ -171,7 +162,7 @@ def append(path, record):
             line = (b'\n' if torn else b'') + _canonical(entry).encode('ascii') + b'\n'
             start = os.lseek(fd, 0, os.SEEK_END)
             try:
-                _write_all(fd, line)
+                safe_files.write_all(fd, line)
                 os.fsync(fd)
             except OSError as exc:
                 try:

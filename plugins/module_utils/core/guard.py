@@ -31,7 +31,7 @@ import json
 import os
 import time
 
-from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod
+from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod, safe_files
 from .errors import GpuFleetError, InvalidArgument
 from .exe_hash import ExeHashes
 from .processes import user_uid
@@ -82,19 +82,28 @@ class Settings(object):
         self.dev_root = dev_root
         self.utmp_paths = utmp_paths
         self.mode = mode              # overrides the policy's mode (tick --dry-run)
+        self.refused = None           # why the settings file was not read (a link, or someone else could change it)
 
 
 def load_settings(path, paths):
     """Read the settings file (YAML or JSON mapping, mode 0600: it may hold the webhook URL).
 
-    Missing file: defaults.  Path keys update ``paths``.  Raises InvalidArgument on a bad file.
+    Missing file: defaults.  Path keys update ``paths``.  Raises InvalidArgument on a bad file.  A
+    file that is a link, or that someone else than root (or the agent's user) could change or swap
+    (safe_files): not read, the defaults, ``refused`` says why (a tick then refuses to act).
     """
     settings = Settings()
-    if not path or not os.path.exists(path):
+    if not path:
         return settings
     try:
-        with open(path, 'rb') as handle:
-            text = handle.read(1024 * 1024).decode('utf-8')
+        # no link followed; the file and every directory above it checked on their descriptors
+        text = safe_files.read_file(path, 1024 * 1024).decode('utf-8')
+    except FileNotFoundError:
+        return settings
+    except safe_files.UnsafeFile as exc:
+        # not read: the defaults apply, and a tick refuses to act (untrusted_inputs checks this file too)
+        settings.refused = 'the settings were not read: %s' % exc
+        return settings
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidArgument('settings', path, 'cannot read: %s' % exc)
     try:
@@ -146,7 +155,10 @@ def load_settings(path, paths):
 
 # ============================================================================ lock and state
 class TickLock(object):
-    """An exclusive, non-blocking flock; ``acquired`` is False when another tick holds it."""
+    """An exclusive, non-blocking flock; ``acquired`` is False when another tick holds it.
+
+    The lock file is opened without following a link (O_NOFOLLOW, every directory above it
+    checked) and checked on its descriptor; an unsafe one raises safe_files.UnsafeFile."""
 
     def __init__(self, path):
         self.path = path
@@ -154,22 +166,28 @@ class TickLock(object):
         self.acquired = False
 
     def __enter__(self):
-        directory = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o600)
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def acquire(self):
+        self.fd = safe_files.open_lock(self.path, dir_mode=0o755)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.acquired = True
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(self.fd)
+                self.fd = None
                 raise
         return self
 
-    def __exit__(self, *exc):
+    def release(self):
         if self.fd is not None:
             os.close(self.fd)  # closing releases the lock
             self.fd = None
-        return False
 
 
 def new_state(now):
@@ -200,8 +218,7 @@ def load_state(path, now):
     """(state, warning or None).  A missing, unreadable or corrupt file gives a fresh state and a
     warning; so does a state whose clock lies in the future (the system clock went back)."""
     try:
-        with open(path, 'rb') as handle:
-            raw = handle.read(64 * 1024 * 1024)
+        raw = safe_files.read_file(path, 64 * 1024 * 1024)
     except FileNotFoundError:
         return new_state(now), None
     except OSError as exc:
@@ -235,24 +252,7 @@ def save_state(path, state):
     Temporary files that a tick killed halfway through its write left behind are removed first
     (only a tick writes the state, and ticks hold the lock, so no other writer owns one)."""
     text = json.dumps(state, sort_keys=True, separators=(',', ':'), default=str)
-    remove_stale_temps(path)
-    metrics_mod.write_atomic(path, text, mode=0o600, dir_mode=0o750)
-
-
-def remove_stale_temps(path):
-    """Remove the temporary files write_atomic makes for ``path`` (``.NAME.*`` in its directory)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    prefix = '.%s.' % os.path.basename(path)
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(prefix):
-            try:
-                os.unlink(os.path.join(directory, name))
-            except OSError:
-                pass
+    safe_files.write_atomic(path, text, mode=0o600, dir_mode=0o750, remove_stale=True)
 
 
 # ============================================================================ escalation
@@ -516,7 +516,7 @@ def build_context(policy, snapshot, paths, settings, proc_root='/proc', exe_hash
     if policy.rogue.enabled:
         try:
             from . import rogue  # pylint: disable=import-outside-toplevel
-            config = rogue.load_config(rules_file=policy.rogue.rules_file)
+            config = rogue.load_config(rules_file=policy.rogue.rules_file, checked=True)
             warnings.extend(config.warnings)
             found, more, _count = rogue.detect_snapshot(snapshot, config=config, min_level=policy.rogue.act_min_level,
                                                         history_path=paths.history, exe_hashes=exe_hashes)
@@ -578,53 +578,89 @@ def _count(counters, key, label, amount=1):
 def run_tick(paths, settings, now=None, snapshot=None, context=None, dev_roots=None, take_snapshot=None, write=True):
     """One enforcement pass.  Returns a summary dict (``rc``: 0 ok, 1 error; ``skipped`` when locked).
 
-    ``write=False`` is the ``test`` command: nothing is written, signalled or sent.
+    ``write=False`` is the ``test`` command: nothing is written, signalled or sent.  Files that
+    someone else could change or swap (``untrusted_inputs``): nothing is read or decided, rc 1.
     Seams for tests: now, snapshot / take_snapshot, context, dev_roots.
     """
     wall0, cpu0 = time.time(), time.process_time()
     now = wall0 if now is None else float(now)
+    problems = untrusted_inputs(paths)
+    if problems:
+        return _refuse(paths, problems, now, write, wall0, cpu0)
     if write:
         lock = TickLock(paths.lock)
-        with lock:
+        try:
+            lock.acquire()
+        except safe_files.UnsafeFile as exc:   # changed since the check above
+            return _refuse(paths, [_problem('lock', paths.lock, exc)], now, write, wall0, cpu0)
+        try:
             if not lock.acquired:
                 return {'rc': 0, 'skipped': 'another tick holds %s; this one did nothing' % paths.lock}
             return _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0)
+        finally:
+            lock.release()
     return _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0)
 
 
+# (label, Paths attribute, strict): the files a tick reads or writes.  strict=False: written only, never
+# read back to decide anything (see safe_files: the directories above the file's own may be group-writable)
+CHECKED_FILES = (('policy', 'policy', True), ('settings', 'settings', True), ('state', 'state', True),
+                 ('usage history', 'history', True), ('allocations', 'allocations', True),
+                 ('log', 'log', False), ('metrics', 'metrics', False), ('lock', 'lock', False))
+
+
+def _problem(label, path, exc):
+    """The sentence for UnsafeFile ``exc`` found while checking the ``label`` file ``path``."""
+    path = os.path.abspath(path)
+    found = os.path.abspath(exc.filename) if exc.filename else path
+    if found == path:
+        return 'the %s file %s %s' % (label, path, exc.why)
+    if found == os.path.dirname(path):
+        return 'the %s directory %s %s' % (label, found, exc.why)
+    return 'the directory %s (above the %s file %s) %s' % (found, label, path, exc.why)
+
+
 def untrusted_inputs(paths, euid=None):
-    """Why the agent must not trust its inputs: the policy or settings file, or the state directory,
-    is writable by group or others, or owned by someone other than root or the agent's user.  A
-    list of problems (empty: trusted).  A root agent that read a policy anyone could edit would
-    signal whatever that person wrote into it."""
+    """Why the agent must not trust its files: one of them, or a directory above it, could be
+    changed or swapped by someone else than root or the agent's user (see safe_files for the
+    checks: no symbolic link anywhere in the path, owners, group/other write unless sticky).  The
+    policy, settings, state, usage history, allocations, log, metrics and lock files are checked;
+    missing ones are fine (the guard creates them, through the same checks).  A list of problems
+    (empty: trusted).  A root agent that read a policy anyone could swap would signal whatever
+    that person wrote into it, and one that wrote through a link would overwrite or expose
+    whatever file the link names."""
     euid = os.geteuid() if euid is None else euid
     problems = []
-    checks = (('policy file', paths.policy), ('settings file', paths.settings),
-              ('state directory', os.path.dirname(paths.state) if paths.state else None),
-              # whoever can write the directory can put another file in place of the policy or settings
-              ('policy directory', os.path.dirname(os.path.abspath(paths.policy)) if paths.policy else None),
-              ('settings directory', os.path.dirname(os.path.abspath(paths.settings)) if paths.settings else None))
     seen = set()
-    for label, path in checks:
-        if not path or path in seen:
+    for label, attribute, strict in CHECKED_FILES:
+        path = getattr(paths, attribute, None)
+        if not path:
             continue
-        seen.add(path)
         try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            continue
+            safe_files.check(path, euid=euid, strict=strict)
+        except safe_files.UnsafeFile as exc:
+            if exc.filename not in seen:       # a shared directory is named once
+                seen.add(exc.filename)
+                problems.append(_problem(label, path, exc))
         except OSError as exc:
-            problems.append('cannot check the %s %s: %s' % (label, path, exc.strerror or exc))
-            continue
-        if label in ('policy directory', 'settings directory') and info.st_mode & 0o1000:
-            continue  # sticky (like /tmp): others cannot replace a file they do not own, and the file's owner is checked
-        if info.st_mode & 0o022:
-            problems.append('the %s %s is writable by %s (mode %04o); run chmod go-w on it' % (
-                label, path, 'group and others' if info.st_mode & 0o022 == 0o022 else
-                ('others' if info.st_mode & 0o002 else 'its group'), info.st_mode & 0o7777))
-        if info.st_uid not in (0, euid):
-            problems.append('the %s %s is owned by uid %d, not by root or the agent (uid %d)' % (label, path, info.st_uid, euid))
+            problems.append('cannot check the %s file %s: %s' % (label, path, exc.strerror or exc))
     return problems
+
+
+def _refuse(paths, problems, now, write, wall0, cpu0):
+    """The tick refuses to act on files it cannot trust: logged (``guard_untrusted_input``, when
+    the log itself can be written safely), ``gpufleet_guard_policy_valid 0`` in the metrics (when
+    they can), exit code 1."""
+    host = os.uname().nodename
+    tick_id = os.urandom(8).hex()
+    warnings = []
+    summary = {'rc': 1, 'tick': tick_id, 'host': host, 'time': now, 'warnings': warnings,
+               'error': 'refusing to act on untrusted input: %s' % '; '.join(problems)}
+    if write:
+        _log(paths, {'event': 'guard_untrusted_input', 'tick': tick_id, 'host': host, 'problems': problems}, warnings)
+        _write_metrics(paths, None, [], {}, {'time': now, 'duration': time.time() - wall0, 'cpu': time.process_time() - cpu0},
+                       None, False, False, warnings)
+    return summary
 
 
 def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0):
@@ -632,12 +668,6 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
     tick_id = os.urandom(8).hex()
     warnings = []
     summary = {'rc': 0, 'tick': tick_id, 'host': host, 'time': now, 'warnings': warnings}
-    problems = untrusted_inputs(paths)
-    if problems:
-        summary.update(rc=1, error='refusing to act on untrusted input: %s' % '; '.join(problems))
-        if write:
-            _log(paths, {'event': 'guard_untrusted_input', 'tick': tick_id, 'host': host, 'problems': problems}, warnings)
-        return summary
     state, problem = load_state(paths.state, now)
     if not isinstance(state.get('policy_cache'), dict):
         state['policy_cache'] = {}
@@ -742,7 +772,7 @@ def _write_metrics(paths, snapshot, violations, counters, tick, mode, valid, ena
         return
     try:
         text = metrics_mod.guard_metrics(snapshot, violations, counters, tick, mode, valid, enabled).render()
-        metrics_mod.write_atomic(paths.metrics, text)
+        safe_files.write_atomic(paths.metrics, text, mode=0o644, dir_mode=0o755, strict=False)
     except OSError as exc:
         warnings.append('could not write the metrics %s: %s' % (paths.metrics, exc.strerror or exc))
 

@@ -22,7 +22,7 @@ import os
 import sqlite3
 import time
 
-from . import notify
+from . import notify, safe_files
 from .errors import GpuFleetError
 
 DEFAULT_PATH = '/var/lib/gpufleet/history.db'
@@ -64,13 +64,26 @@ def _gpu_util(proc, dev):
 
 
 def _connect_rw(path):
-    directory = os.path.dirname(os.path.abspath(path))
+    """sqlite opens files by path: the file is first created (mode 0600: it holds every user's
+    command lines) or opened without following a link, every directory above it checked, and
+    checked on its descriptor; sqlite then opens it (``mode=rw``: never creates), and one of this
+    process's descriptors must then refer to the very file that was checked."""
+    from urllib.parse import quote  # pylint: disable=import-outside-toplevel
     try:
-        os.makedirs(directory, mode=0o750, exist_ok=True)
-        if not os.path.exists(path):
-            # The history holds command lines: readable by root only.
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0), 0o600))
-        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        fd = safe_files.open_checked(path, os.O_RDWR | os.O_CREAT, 0o600, dir_mode=0o750)
+        try:
+            checked = os.fstat(fd)
+        finally:
+            os.close(fd)
+        conn = sqlite3.connect('file:%s?mode=rw' % quote(os.path.abspath(path)), uri=True, timeout=BUSY_TIMEOUT_S,
+                               isolation_level=None)
+        try:
+            conn.execute('PRAGMA schema_version').fetchone()    # sqlite opens the file lazily
+            if not safe_files.is_open_here(checked):
+                raise safe_files.UnsafeFile(path, 'was replaced between its check and sqlite\'s open')
+        except BaseException:
+            conn.close()
+            raise
     except (OSError, sqlite3.Error) as exc:
         raise HistoryError('cannot open the usage history %s: %s' % (path, exc))
     return conn

@@ -38,7 +38,7 @@ import os
 import re
 import shlex
 
-from . import notify as notify_mod
+from . import notify as notify_mod, safe_files
 from .errors import InvalidArgument
 from .exe_hash import ExeHashes
 from .idle import process_utilization
@@ -2009,10 +2009,10 @@ def json_pure(data):
 def load_policy_cached(path, cache):
     """``load_policy(path)`` through ``cache`` (a dict kept by the caller, e.g. in the agent's state):
     when the file's SHA-256 matches the cached one, the cached document is validated again without
-    reading YAML.  The cache is updated.  Raises PolicyError."""
+    reading YAML.  The cache is updated.  Raises PolicyError.  The agent's loader: the file is read
+    without following a link, checked on its descriptor and parsed from those bytes (safe_files)."""
     try:
-        with open(path, 'rb') as handle:
-            raw = handle.read(MAX_POLICY_BYTES + 1)
+        raw = safe_files.read_file(path, MAX_POLICY_BYTES + 1)
     except OSError as exc:
         raise PolicyError([('', None, 'cannot read the policy: %s' % (exc.strerror or exc))], path)
     digest = hashlib.sha256(raw).hexdigest()
@@ -2116,12 +2116,15 @@ def detect_scheduler(proc_root='/proc'):
     return {'slurmd': 'slurm', 'kubelet': 'kubernetes'}.get(scheduler_daemon(proc_root))
 
 
+MAX_ALLOCATIONS_BYTES = 16 * 1024 * 1024
+
+
 def read_allocations(path):
     """``{gpu index: set of owners}`` from an allocations file written by a Slurm prolog or a device
-    plugin hook: ``{"gpus": {"0": ["slurm:123"], "1": ["pod:<uid>"]}}``.  None when absent or unreadable."""
+    plugin hook: ``{"gpus": {"0": ["slurm:123"], "1": ["pod:<uid>"]}}``.  None when absent, unreadable or
+    unsafe (a link, or a file or directory someone else than root could change: safe_files)."""
     try:
-        with open(path, encoding='utf-8') as handle:
-            data = json.load(handle)
+        data = json.loads(safe_files.read_file(path, MAX_ALLOCATIONS_BYTES).decode('utf-8'))
         gpus = data.get('gpus') if isinstance(data, dict) else None
         if not isinstance(gpus, dict):
             return None

@@ -36,7 +36,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from . import notify, rogue_rules as R
+from . import notify, rogue_rules as R, safe_files
 from .errors import GpuFleetError, InvalidArgument, MissingLibrary
 from .exe_hash import ExeHashes
 from .processes import scheduler_daemon
@@ -1050,19 +1050,23 @@ RULE_KEYS = ('id', 'kind', 'weight', 'description', 'match')
 ALLOW_KEYS = ('exe', 'sha256', 'user', 'cmdline', 'image', 'expires', 'comment')
 
 
-def load_config(rules_file=None, rules=None, text=None, now=None):
+def load_config(rules_file=None, rules=None, text=None, now=None, checked=False):
     """The effective RogueConfig: built-ins, then ``rules_file`` (a path), ``text`` (YAML) and ``rules`` (a dict).
 
     Raises RulesError naming the source, the line (YAML only) and the field.  Expired allowlist
-    entries are dropped and listed in ``config.warnings``.
+    entries are dropped and listed in ``config.warnings``.  ``checked`` (the guard agent): the
+    rules file is read without following a link and checked on its descriptor (safe_files).
     """
     config = RogueConfig()
     now = now if now is not None else datetime.datetime.now(datetime.timezone.utc)
     documents = []
     if rules_file:
         try:
-            with open(rules_file, 'rb') as handle:
-                data = handle.read(MAX_RULES_FILE + 1)
+            if checked:
+                data = safe_files.read_file(rules_file, MAX_RULES_FILE + 1)
+            else:
+                with open(rules_file, 'rb') as handle:
+                    data = handle.read(MAX_RULES_FILE + 1)
         except OSError as exc:
             raise RulesError(rules_file, None, None, 'cannot read the rules file: %s' % (exc.strerror or exc))
         documents.append((data, rules_file))

@@ -24,6 +24,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import polic
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
     DEEP_TOML, GIB, TOO_DEEP, TOO_MANY_ALIASED, Clock, billion_laughs, proc, snapshot)
+from ansible_collections.gpufleet.reclaim.tests.unit.security import redteam
 
 POLICY = '''
 mode: %s
@@ -290,13 +291,37 @@ def test_untrusted_inputs_are_refused(tmp_path, target, mode, words):
     assert node.tick(1)['rc'] == 0
 
 
-def test_inputs_owned_by_another_user_are_refused(tmp_path):
-    node = Node(tmp_path)
-    problems = guard.untrusted_inputs(node.paths, euid=os.geteuid() + 4242 if os.geteuid() else 4242)
-    if os.geteuid() == 0:
-        assert problems == []           # root owns them, and root is always trusted
-    else:
+@pytest.mark.parametrize('target,words', [
+    ('policy', 'the policy file'),
+    ('settings', 'the settings file'),
+    ('policy_dir', 'the policy directory'),
+    ('state_dir', 'the state directory'),
+    ('root_dir', 'above the policy file'),
+])
+def test_inputs_owned_by_another_user_are_refused(tmp_path, target, words):
+    node = Node(tmp_path, policy=POLICY % 'enforce')
+    with open(node.paths.settings, 'w') as handle:
+        handle.write('{}\n')
+    os.chmod(node.paths.settings, 0o600)
+    node.tick()
+    path = {'policy': node.paths.policy, 'settings': node.paths.settings, 'policy_dir': os.path.dirname(node.paths.policy),
+            'state_dir': os.path.dirname(node.paths.state), 'root_dir': str(tmp_path / 'etc')}[target]
+    if os.geteuid() != 0:
+        # only root can give a file away: the same check, told that the agent runs as someone else
+        problems = guard.untrusted_inputs(node.paths, euid=os.geteuid() + 4242)
         assert problems and 'owned by uid %d' % os.geteuid() in problems[0]
+        return
+    uid = redteam.ensure_users(('alice',))['alice']
+    os.chown(path, uid, -1)         # as root: really owned by another user (a fresh CI machine runs this branch)
+    before = node.state()
+    summary = node.tick(3600)       # the grace has long passed: a trusted tick would act now
+    assert summary['rc'] == 1 and 'refusing to act on untrusted input' in summary['error'], summary
+    assert words in summary['error'] and 'owned by uid %d, not by root' % uid in summary['error']
+    assert 'decisions' not in summary
+    assert node.log()[-1]['event'] == 'guard_untrusted_input'
+    assert node.state() == before   # nothing decided, nothing written
+    os.chown(path, 0, -1)
+    assert node.tick(1)['rc'] == 0
     assert guard.untrusted_inputs(guard.Paths(root=str(tmp_path / 'nothing-here'))) == []
 
 
@@ -513,12 +538,7 @@ needs_sim = pytest.mark.skipif(h.shim_path() is None or h.gpusim_path() is None,
 def test_enforce_kills_the_offender_after_the_grace_and_spares_the_rest(tmp_path):
     if os.geteuid() != 0:
         pytest.skip('spawning workloads as other users needs root')
-    for user in ('alice', 'bob'):
-        try:
-            import pwd  # pylint: disable=import-outside-toplevel
-            pwd.getpwnam(user)
-        except KeyError:
-            pytest.skip('user %s does not exist' % user)
+    redteam.ensure_users(('alice', 'bob'))      # a fresh machine has them only once the integration targets ran
     with h.gpusim_node(gpus=2) as node:
         big = node.spawn(gpu=0, mib=12 * GIB, argv=('python', 'big.py'), user='alice')
         small = node.spawn(gpu=0, mib=6 * GIB, argv=('python', 'small.py'), user='alice')
