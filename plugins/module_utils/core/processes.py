@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import re
 
+from .identity import kernel_lines, read_bytes as _read_bytes, read_identity
+from .identity import parse_stat, read_starttime  # pylint: disable=unused-import  # importable from here too
 from .model import NOT_FOUND, ContainerInfo, Holder, ProcessRecord
 
 # psutil is imported on first use, not at load: the guard agent reads /proc itself and never needs
@@ -88,7 +90,7 @@ _SLURM_RE = re.compile(r'(?:^|/)job_(\d+)(?:/|$)')
 def parse_cgroup(text):
     """Parse /proc/PID/cgroup text (cgroup v1 or v2) -> (ContainerInfo or None, Slurm job id or None)."""
     paths = []
-    for line in (text or '').splitlines():
+    for line in kernel_lines(text or ''):
         parts = line.strip().split(':', 2)
         if len(parts) == 3 and parts[2] not in paths:
             paths.append(parts[2])
@@ -112,26 +114,6 @@ def parse_cgroup(text):
     if container_id is not None or pod_uid is not None:
         container = ContainerInfo(id=container_id, runtime=runtime, pod_uid=pod_uid)
     return container, slurm_job
-
-
-def parse_stat(text):
-    """Parse /proc/PID/stat -> dict(comm, state, ppid, session, flags, starttime); fields after the last ')'."""
-    end = text.rfind(')')
-    start = text.find('(')
-    if end < 0 or start < 0:
-        raise ValueError('malformed stat line')
-    rest = text[end + 2:].split()
-    # rest[0] is field 3 (state), so field N is rest[N - 3].
-    return {'comm': text[start + 1:end], 'state': rest[0], 'ppid': int(rest[1]), 'session': int(rest[3]),
-            'flags': int(rest[6]), 'starttime': int(rest[19])}
-
-
-def read_starttime(pid, proc_root='/proc'):
-    """Field 22 of /proc/PID/stat (clock ticks after boot): identifies a pid across reuse.  None if gone."""
-    try:
-        return parse_stat(_read_text(os.path.join(proc_root, str(pid), 'stat')))['starttime']
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def resolve_dev_roots(dev_roots):
@@ -317,31 +299,13 @@ def scheduler_daemon(proc_root='/proc'):
     return None
 
 
-def _read_bytes(path, limit=None):
-    """The whole file (at most ``limit`` bytes) through os.open/os.read: /proc files are small, and
-    a buffered file object costs more than the read itself when thousands are read per snapshot."""
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
-    try:
-        chunks = []
-        size = 0
-        while limit is None or size < limit:
-            chunk = os.read(fd, 65536 if limit is None else min(65536, limit - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return chunks[0] if len(chunks) == 1 else b''.join(chunks)
-    finally:
-        os.close(fd)
-
-
 def _read_text(path):
     return _read_bytes(path).decode('utf-8', 'replace')
 
 
 def _boot_time(proc_root):
     try:
-        for line in _read_text(os.path.join(proc_root, 'stat')).splitlines():
+        for line in kernel_lines(_read_text(os.path.join(proc_root, 'stat'))):
             if line.startswith('btime '):
                 return int(line.split()[1])
     except (OSError, ValueError, IndexError):
@@ -358,39 +322,36 @@ def user_name(uid):
         return str(uid)
 
 
-def read_proc_files(pid, proc_root='/proc', cmdline_limit=None):
-    """Read /proc/PID directly: ``{'stat': parse_stat(), 'uid': real uid, 'cmdline': [...], 'exe': path}``.
-
-    None when the process does not exist (or its stat cannot be parsed).  ``uid``, ``cmdline`` and
-    ``exe`` are None when they cannot be read (``exe`` needs ptrace access to other users' processes).
-    ``cmdline_limit`` bounds the bytes read from the command line.
-    """
-    base = os.path.join(proc_root, str(pid))
+def read_cmdline(pid, proc_root='/proc', limit=None):
+    """The command line of ``pid`` as a list of texts (at most ``limit`` bytes read), None when unreadable."""
     try:
-        stat = parse_stat(_read_text(os.path.join(base, 'stat')))
-    except (OSError, ValueError, IndexError):
+        raw = _read_bytes(os.path.join(proc_root, str(pid), 'cmdline'), limit or None)
+    except OSError:
         return None
-    uid = None
-    try:
-        for line in _read_text(os.path.join(base, 'status')).splitlines():
-            if line.startswith('Uid:'):
-                uid = int(line.split()[1])
-                break
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        raw = _read_bytes(os.path.join(base, 'cmdline'), cmdline_limit or None)
-        parts = raw.decode('utf-8', 'replace').split('\x00')
-        if parts and parts[-1] == '':
-            parts = parts[:-1]
-        cmdline = parts
-    except OSError:
-        cmdline = None
-    try:
-        exe = os.readlink(os.path.join(base, 'exe'))
-    except OSError:
-        exe = None
-    return {'stat': stat, 'uid': uid, 'cmdline': cmdline, 'exe': exe}
+    parts = raw.decode('utf-8', 'replace').split('\x00')
+    if parts and parts[-1] == '':
+        parts = parts[:-1]
+    return parts
+
+
+def read_proc_files(pid, proc_root='/proc', cmdline_limit=None, dir_cache=None):
+    """Read /proc/PID directly: ``{'stat': {comm, state, ppid, session, flags, starttime}, 'uid': real uid,
+    'cmdline': [...], 'exe': path, 'identity': identity.Identity}``.
+
+    None when the process does not exist, its stat cannot be parsed, or its pid named another
+    process by the end of the read (``identity.read_identity``: the start time is read first and
+    checked last).  ``uid``, ``cmdline`` and ``exe`` are None when they cannot be read (``exe``
+    needs ptrace access to other users' processes).  ``cmdline_limit`` bounds the bytes read from
+    the command line.
+    """
+    ident, cmdline = read_identity(pid, proc_root, during=lambda: read_cmdline(pid, proc_root, cmdline_limit),
+                                   dir_cache=dir_cache)
+    if ident is None:
+        return None
+    stat = {'comm': ident.comm, 'state': ident.state, 'ppid': ident.ppid, 'session': ident.session, 'flags': ident.flags,
+            'starttime': ident.starttime}
+    return {'stat': stat, 'uid': ident.uid, 'cmdline': cmdline, 'exe': ident.exe.path if ident.exe is not None else None,
+            'identity': ident}
 
 
 # ---------------------------------------------------------------------------- the inventory
@@ -432,7 +393,9 @@ class ProcessInventory(object):
     False only the wanted pids' fds are read (their ``device_paths``), which is much cheaper.
     """
 
-    PSUTIL_ATTRS = ('pid', 'ppid', 'name', 'exe', 'cmdline', 'username', 'uids', 'create_time', 'status')
+    # No 'uids' or 'username': the owner comes from identity.read_identity (psutil's status parser
+    # splits at '\r' too, which a process name may hold).
+    PSUTIL_ATTRS = ('pid', 'ppid', 'name', 'exe', 'cmdline', 'create_time', 'status')
 
     def __init__(self, dev_roots=None, proc_root='/proc', use_psutil=None, exclude_pids=None, scan_fds=True,
                  scan_holders=True):
@@ -449,6 +412,7 @@ class ProcessInventory(object):
         self._btime = None
         self._ticks = 100.0
         self._users = {}          # uid -> login name: one passwd lookup per user, not per process
+        self._dirs = {}           # directory -> writable by a user (identity.dirs_writable), per inventory
 
     def scan(self, pids=()):
         """One pass: fd scan of every process, then records for ``pids`` and every holder."""
@@ -476,13 +440,9 @@ class ProcessInventory(object):
 
     # ------------------------------------------------------------------ one record
     def record(self, pid):
-        """A ProcessRecord for ``pid`` (status ``not_found`` when this host does not see it)."""
-        rec = self._record_psutil(pid) if self.use_psutil else self._record_proc(pid)
-        if rec.found:
-            rec.container, rec.slurm_job = self._cgroup(pid)
-            if rec.starttime is None:
-                rec.starttime = read_starttime(pid, self.proc_root)
-        return rec
+        """A ProcessRecord for ``pid`` (status ``not_found`` when this host does not see it, or when its
+        pid named another process by the end of the read: nothing of one process is charged to another)."""
+        return self._record_psutil(pid) if self.use_psutil else self._record_proc(pid)
 
     def _cgroup(self, pid):
         try:
@@ -490,41 +450,61 @@ class ProcessInventory(object):
         except OSError:
             return None, None
 
+    def _user(self, uid):
+        """The login name of ``uid`` (one passwd lookup per user, not per process); None for None."""
+        if uid is None:
+            return None
+        name = self._users.get(uid)
+        if name is None:
+            name = self._users[uid] = user_name(uid)
+        return name
+
     def _record_psutil(self, pid):
+        """psutil's fields, read between the identity's two start-time reads (identity.read_identity);
+        the owner comes from the identity (/proc/PID/status), never from psutil's own parsing."""
         psutil = load_psutil()
+
+        def details():
+            try:
+                info = psutil.Process(pid).as_dict(attrs=list(self.PSUTIL_ATTRS), ad_value=None)
+            except psutil.AccessDenied:
+                info = {}
+            return info, self._cgroup(pid)
+
         try:
-            proc = psutil.Process(pid)
-            info = proc.as_dict(attrs=list(self.PSUTIL_ATTRS), ad_value=None)
+            ident, found = read_identity(pid, self.proc_root, during=details, dir_cache=self._dirs)
         except psutil.NoSuchProcess:
             return ProcessRecord(pid=pid)
-        except psutil.AccessDenied:
-            return ProcessRecord(pid=pid, status='unknown')
-        uids = info.get('uids')
+        if ident is None:
+            return ProcessRecord(pid=pid)
+        info, (container, slurm_job) = found
         cmdline = info.get('cmdline')
         return ProcessRecord(
             pid=pid,
-            status=info.get('status') or 'unknown',
-            user=info.get('username'),
-            uid=uids.real if uids is not None else None,
-            name=info.get('name'),
+            status=info.get('status') or _STATES.get(ident.state, 'unknown'),
+            user=self._user(ident.uid),
+            uid=ident.uid,
+            name=info.get('name') or ident.comm,
             cmdline=list(cmdline) if cmdline is not None else None,
             create_time=info.get('create_time'),
-            ppid=info.get('ppid'),
+            starttime=ident.starttime,
+            ppid=info.get('ppid') if info.get('ppid') is not None else ident.ppid,
             exe=info.get('exe') or None,
+            container=container,
+            slurm_job=slurm_job,
+            identity=ident,
         )
 
     def _record_proc(self, pid):
-        files = read_proc_files(pid, self.proc_root)
-        if files is None:
+        ident, found = read_identity(pid, self.proc_root, during=lambda: (read_cmdline(pid, self.proc_root), self._cgroup(pid)),
+                                     dir_cache=self._dirs)
+        if ident is None:
             return ProcessRecord(pid=pid)
-        stat = files['stat']
-        rec = ProcessRecord(pid=pid, status=_STATES.get(stat['state'], stat['state']), name=stat['comm'],
-                            ppid=stat['ppid'], starttime=stat['starttime'], uid=files['uid'], cmdline=files['cmdline'],
-                            exe=files['exe'])
-        if rec.uid is not None:
-            rec.user = self._users.get(rec.uid)
-            if rec.user is None:
-                rec.user = self._users[rec.uid] = user_name(rec.uid)
+        cmdline, (container, slurm_job) = found
+        rec = ProcessRecord(pid=pid, status=_STATES.get(ident.state, ident.state), name=ident.comm, ppid=ident.ppid,
+                            starttime=ident.starttime, uid=ident.uid, user=self._user(ident.uid), cmdline=cmdline,
+                            exe=ident.exe.path if ident.exe is not None else None, container=container,
+                            slurm_job=slurm_job, identity=ident)
         if self._btime is None:
             self._btime = _boot_time(self.proc_root)
             try:
@@ -532,7 +512,7 @@ class ProcessInventory(object):
             except (ValueError, OSError, AttributeError):
                 self._ticks = 100.0
         if self._btime is not None:
-            rec.create_time = round(self._btime + stat['starttime'] / self._ticks, 2)
+            rec.create_time = round(self._btime + ident.starttime / self._ticks, 2)
         if rec.status == NOT_FOUND:
             rec.status = 'unknown'
         return rec
