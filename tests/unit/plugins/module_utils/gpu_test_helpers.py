@@ -451,11 +451,34 @@ def run_reclaim_as(user, state_path, selector, options, dev_roots, check_mode=Fa
 COLLECTIONS_DIR = os.path.abspath(os.path.join(MODULE_UTILS_DIR, '..', '..', '..', '..', '..'))
 # ``python -c MODULE_RUNNER COLLECTIONS_DIR DEV_ROOT TARGET ARGS...``: TARGET is a module name (ARGS: its
 # arguments file, as Ansible runs it) or gpufleet-guard (ARGS: the command line); the device root is
-# DEV_ROOT.  A Python audit hook records every /proc/PID/environ opened and every os.kill; the list
-# is written to stderr at exit (module_runner_events reads it back).
+# DEV_ROOT.  A Python audit hook records every /proc/PID/environ opened and every os.kill, and a
+# wrapper every signal.pidfd_send_signal (no audit event; the killer's path where pidfds exist) with
+# the pid its pidfd pins (-1 when fdinfo does not say); the list is written to stderr at exit
+# (module_runner_events reads it back).
 MODULE_RUNNER = r'''
-import atexit, json, os, runpy, sys
+import atexit, json, os, runpy, signal, sys
 seen = []
+
+
+def _pidfd_pid(fd):
+    try:
+        with open('/proc/self/fdinfo/%d' % fd, 'rb') as handle:
+            for line in handle.read().split(b'\n'):
+                if line.startswith(b'Pid:'):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return -1
+
+
+if hasattr(signal, 'pidfd_send_signal'):
+    _pidfd_send_signal = signal.pidfd_send_signal
+
+    def _recorded_pidfd_send_signal(pidfd, sig, *args, **kwargs):
+        seen.append(['pidfd_send_signal', _pidfd_pid(pidfd), int(sig)])
+        return _pidfd_send_signal(pidfd, sig, *args, **kwargs)
+
+    signal.pidfd_send_signal = _recorded_pidfd_send_signal
 
 
 def hook(event, args):
