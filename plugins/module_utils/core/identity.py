@@ -297,6 +297,8 @@ class Identity(_Value):
 
     def why_name_untrusted(self, boundary=None):
         """Why a protected name does not protect this process (None when it does)."""
+        if self.name_trusted(boundary):
+            return None
         if not self.uids:
             return 'its owner is unknown'
         if not self.system_account(boundary):
