@@ -107,10 +107,13 @@ def parse_status_uids(data):
     """
     if not isinstance(data, bytes):
         raise TypeError('parse_status_uids() needs the bytes of /proc/PID/status, got %s' % type(data).__name__)
-    found = [line for line in kernel_lines(data) if line.startswith(b'Uid:\t')]
-    if len(found) != 1:
+    # the lines (split at b'\n' only) that start with b'Uid:\t', found without splitting the whole file
+    first = data.startswith(b'Uid:\t')
+    if data.count(b'\nUid:\t') + first != 1:
         return None
-    fields = found[0][5:].split(b'\t')
+    start = 0 if first else data.index(b'\nUid:\t') + 1
+    end = data.find(b'\n', start)
+    fields = data[start + 5:end if end >= 0 else len(data)].split(b'\t')
     if len(fields) != 4 or not all(field.isdigit() for field in fields):
         return None
     return tuple(int(field) for field in fields)
