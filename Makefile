@@ -12,7 +12,7 @@ SIM_BUILD := $(ROOT)/tests/sim/build
 CC ?= gcc
 CFLAGS ?= -O2 -Wall -Wextra -Werror=implicit-function-declaration
 
-.PHONY: all venv sim collection test sim-test sanity units integration fleet-test lint changelog-lint demo bench clean
+.PHONY: all venv sim collection test sim-test sanity units integration fleet-test floor lint changelog-lint demo bench clean
 
 all: test
 
@@ -48,7 +48,7 @@ collection: sim
 	# build outputs are git-ignored (so sanity skips them) but the simulator needs them at run time
 	cp -a $(SIM_BUILD) $(COLL)/tests/sim/build
 
-test: venv sim sim-test sanity units integration fleet-test lint changelog-lint
+test: venv sim sim-test sanity units integration fleet-test floor lint changelog-lint
 	@echo "make test: all suites passed"
 
 sim-test: venv sim
@@ -66,6 +66,10 @@ integration: venv collection
 
 fleet-test: venv sim
 	PATH=$(BIN):$$PATH $(PY) -m pytest -q -p no:cacheprovider tests/fleet/tests
+
+# The oldest claimed versions: ansible-core 2.17 on the controller, Python 3.8 on the nodes (own venvs).
+floor: venv collection
+	bash tests/floor/run
 
 # ansible-lint resolves gpufleet.reclaim.* through the scratch collection tree.
 lint: venv collection

@@ -33,6 +33,8 @@ import time
 
 from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod
 from .errors import GpuFleetError, InvalidArgument
+from .exe_hash import ExeHashes
+from .processes import user_uid
 
 STATE_VERSION = 1
 DEFAULT_PATHS = {
@@ -98,9 +100,12 @@ def load_settings(path, paths):
     try:
         yaml = policy_mod.yaml_module()
         if yaml is not None:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=policy_mod.yaml_loader())  # nosec - the policy's SafeLoader subclass
         else:
             data = json.loads(text) if text.strip() else None
+        policy_mod.check_nesting(data)
+    except policy_mod.DocumentLimitError as exc:
+        raise InvalidArgument('settings', path, str(exc))
     except Exception as exc:  # pylint: disable=broad-except
         raise InvalidArgument('settings', path, 'not YAML/JSON: %s' % str(exc).replace('\n', ' '))
     if data is None:
@@ -183,7 +188,7 @@ def _valid_state(data):
         if not isinstance(entry, dict) or not policy_mod._is_number(entry.get('first_seen')) \
                 or not isinstance(entry.get('warnings'), int) or isinstance(entry.get('warnings'), bool):
             return 'violation entry %r is malformed' % key
-        if entry.get('acted_at') is not None and not policy_mod._is_number(entry.get('acted_at')):
+        if any(entry.get(name) is not None and not policy_mod._is_number(entry.get(name)) for name in ('acted_at', 'gone_since')):
             return 'violation entry %r is malformed' % key
     for key, clock in data['idle'].items():
         if not isinstance(clock, dict) or not policy_mod._is_number(clock.get('since')):
@@ -286,7 +291,12 @@ def escalate(violations, state, now, policy):
     Warnings go out at ``escalation.warn_at`` seconds after the violation was first seen; the action
     comes at ``act_at`` (a rogue violation uses the rogue grace) once every warning went out in an
     earlier tick (an ``act_at`` of 0 acts at once).  A rule whose action is ``warn`` only warns.
-    A failed action is retried after ``retry_after``.  Violations that disappeared are ``clear``ed.
+    A failed action is retried after ``retry_after``.  A violation that disappeared is ``clear``ed
+    once it has stayed away for ``clear_after`` seconds, counted from the first tick that did not
+    see it (so one tick under the limit never restarts the warnings and the grace); until then it
+    keeps its escalation and, if it comes back, goes on from where it was.  It is cleared at once
+    when it was acted on (the action ended it; a new one starts from its first warning) or when the
+    policy is disabled.
     """
     tracked = state.setdefault('violations', {})
     esc = policy.escalation
@@ -304,6 +314,7 @@ def escalate(violations, state, now, policy):
                                               'acts': 0, 'rule': violation.rule, 'subject': violation.subject,
                                               'user': violation.user}
         entry['last_seen'] = now
+        entry.pop('gone_since', None)
         entry['pids'] = list(violation.pids)[:64]
         if violation.grace is not None:
             act_at, warn_at = violation.grace, [0.0]
@@ -325,9 +336,14 @@ def escalate(violations, state, now, policy):
             act_in = max(0.0, act_at - elapsed) if acts else None
             decisions.append(Decision('warn', violation, step=due, first_seen=entry['first_seen'], act_in=act_in, entry=entry))
     for key in sorted(tracked):
-        if key not in seen:
-            entry = tracked.pop(key)
-            decisions.append(Decision('clear', key=key, first_seen=entry.get('first_seen'), entry=entry))
+        if key in seen:
+            continue
+        entry = tracked[key]
+        gone_since = entry.setdefault('gone_since', now)
+        if policy.enabled and entry.get('acted_at') is None and now - gone_since < esc.clear_after:
+            continue  # away for less than clear_after: not cleared yet
+        tracked.pop(key)
+        decisions.append(Decision('clear', key=key, first_seen=entry.get('first_seen'), entry=entry))
     return decisions
 
 
@@ -463,7 +479,7 @@ def notify_users(decisions, policy, mode, host, settings, patterns):
                 if proc.get('user') == user and proc.get('uid') is not None:
                     uid = proc['uid']
         if uid is None and user is not None:
-            uid = _uid_of(user)
+            uid = user_uid(user)
         payload = []
         for decision in items:
             entry = decision.to_dict(patterns)
@@ -479,18 +495,14 @@ def notify_users(decisions, policy, mode, host, settings, patterns):
     return failures
 
 
-def _uid_of(user):
-    try:
-        import pwd  # pylint: disable=import-outside-toplevel
-        return pwd.getpwnam(user).pw_uid
-    except (ImportError, KeyError):
-        return None
-
-
 # ============================================================================ the tick
-def build_context(policy, snapshot, paths, settings, proc_root='/proc'):
-    """The evaluation Context of a live node: scheduler, allocations, rogue findings.  (warnings, context)"""
+def build_context(policy, snapshot, paths, settings, proc_root='/proc', exe_hashes=None):
+    """The evaluation Context of a live node: scheduler, allocations, rogue findings.  (warnings, context)
+
+    ``exe_hashes``: the exe_hash.ExeHashes that both the exemptions and the rogue allowlist hash
+    executables with (a tick's keeps its digests in the state); default: a new one."""
     warnings = []
+    exe_hashes = exe_hashes if exe_hashes is not None else ExeHashes(proc_root=proc_root)
     needs_allocation = policy.defaults.get('require_allocation') or any(
         u.get('require_allocation') for u in policy.users.values()) or any(
         g.limits.get('require_allocation') for g in policy.groups)
@@ -507,7 +519,7 @@ def build_context(policy, snapshot, paths, settings, proc_root='/proc'):
             config = rogue.load_config(rules_file=policy.rogue.rules_file)
             warnings.extend(config.warnings)
             found, more, _count = rogue.detect_snapshot(snapshot, config=config, min_level=policy.rogue.act_min_level,
-                                                        history_path=paths.history)
+                                                        history_path=paths.history, exe_hashes=exe_hashes)
             warnings.extend(more)
             findings = dict((f['pid'], f) for f in found if f.get('listed'))
         except ImportError:
@@ -515,11 +527,21 @@ def build_context(policy, snapshot, paths, settings, proc_root='/proc'):
         except GpuFleetError as exc:
             warnings.append('rogue detection failed: %s' % exc)
     return warnings, policy_mod.Context(scheduler=scheduler, allocations=allocations, rogue_findings=findings,
-                                        proc_root=proc_root)
+                                        proc_root=proc_root, exe_cache=exe_hashes)
 
 
-def record_history(paths, snapshot, now, settings):
-    """Append the snapshot to the SQLite usage history; returns a warning or None (never raises)."""
+def violation_dict(violation, patterns):
+    """``Violation.to_dict()`` with the processes' command lines redacted (notify.redact_argv): what
+    the tick's summary (printed, returned by gpu_audit) says about a violation."""
+    item = violation.to_dict()
+    for proc in item['procs']:
+        proc['cmdline'] = notify_mod.redact_argv(proc.get('cmdline'), patterns)
+    return item
+
+
+def record_history(paths, snapshot, now, settings, patterns=None):
+    """Append the snapshot to the SQLite usage history, command lines redacted by ``patterns`` (the
+    policy's; None: the defaults); returns a warning or None (never raises)."""
     if not paths.history:
         return None
     try:
@@ -530,7 +552,7 @@ def record_history(paths, snapshot, now, settings):
         kwargs = {}
         if settings.history_retention_days:
             kwargs['retention_days'] = settings.history_retention_days
-        history.record_samples(paths.history, snapshot, now, **kwargs)
+        history.record_samples(paths.history, snapshot, now, patterns=patterns, **kwargs)
     except Exception as exc:  # pylint: disable=broad-except
         return 'could not record the usage history in %s: %s' % (paths.history, exc)
     return None
@@ -647,13 +669,18 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         snapshot = take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=dev_roots, inventory=inventory)
     warnings.extend(snapshot.errors)
     if write:
-        problem = record_history(paths, snapshot, now, settings)
+        problem = record_history(paths, snapshot, now, settings, policy.notify.redact_patterns)
         if problem:
             warnings.append(problem)
+    exe_hashes = None
     if context is None:
-        more, context = build_context(policy, snapshot, paths, settings)
+        # executables' digests are kept across ticks (exe_hash): most ticks read no executable
+        exe_hashes = ExeHashes(state.get('exe_hashes'))
+        more, context = build_context(policy, snapshot, paths, settings, exe_hashes=exe_hashes)
         warnings.extend(more)
     state, violations, notes, decisions = decide(policy, snapshot, state, now, context)
+    if exe_hashes is not None:
+        state['exe_hashes'] = exe_hashes.entries
     patterns = policy.notify.redact_patterns
     counters = state.setdefault('counters', new_state(now)['counters'])
     if write:
@@ -691,7 +718,7 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
     state['last_tick'] = now
     state['last_tick_duration'] = round(duration, 3)
     state['mode'] = mode
-    summary.update(violations=[v.to_dict() for v in violations], decisions=list(records), notes=notes[:100])
+    summary.update(violations=[violation_dict(v, patterns) for v in violations], decisions=list(records), notes=notes[:100])
     if write:
         unlogged = sum(1 for record in records if not _log(paths, record, warnings))
         if unlogged:
@@ -739,14 +766,14 @@ def dry_run(policy, snapshot, paths, settings=None, now=None):
     state, problem = load_state(paths.state, now) if paths.state else (new_state(now), None)
     if problem:
         warnings.append(problem)
-    more, context = build_context(policy, snapshot, paths, settings)
+    more, context = build_context(policy, snapshot, paths, settings, exe_hashes=ExeHashes(state.get('exe_hashes')))
     warnings.extend(more)
     _state, violations, notes, decisions = decide(policy, snapshot, state, now, context)
     decided = dict((d.key, d) for d in decisions if d.violation is not None)
     mode = settings.mode or policy.mode
     out = []
     for violation in violations:
-        item = violation.to_dict()
+        item = violation_dict(violation, policy.notify.redact_patterns)
         decision = decided.get(violation.key)
         acts = violation.action in ('terminate', 'kill')
         if not acts:

@@ -22,6 +22,7 @@ import os
 import sqlite3
 import time
 
+from . import notify
 from .errors import GpuFleetError
 
 DEFAULT_PATH = '/var/lib/gpufleet/history.db'
@@ -95,15 +96,19 @@ def init_schema(conn):
 
 
 def record_samples(db, snapshot, now=None, interval_s=None, retention_days=DEFAULT_RETENTION_DAYS, max_gap_s=DEFAULT_MAX_GAP_S,
-                   host=None):
+                   host=None, patterns=None):
     """Append one sample of ``snapshot`` to the history ``db`` (a path or an sqlite3 connection).
 
     Returns ``{'ts', 'interval_s', 'rows', 'pruned'}``.  Raises HistoryError when the database
-    cannot be written.  ``host`` is recorded in meta (one database per node).
+    cannot be written.  ``host`` is recorded in meta (one database per node).  Command lines are
+    stored redacted by ``patterns`` (the policy's ``notify.redact_patterns``; None: the defaults).
     """
     now = time.time() if now is None else float(now)
     if isinstance(retention_days, bool) or not 0 < retention_days <= MAX_RETENTION_DAYS:
         raise HistoryError('history_retention_days must be from 1 to %d, got %r' % (MAX_RETENTION_DAYS, retention_days))
+    patterns = notify.default_patterns() if patterns is None else patterns
+    # redacted before the write lock is taken; '...' marks a cut command line (MAX_CMDLINE in all)
+    cmdlines = [notify.redact(proc.cmdline, patterns, MAX_CMDLINE - 3) for proc in snapshot.processes]
     own = not isinstance(db, sqlite3.Connection)
     conn = _connect_rw(db) if own else db
     try:
@@ -116,8 +121,7 @@ def record_samples(db, snapshot, now=None, interval_s=None, retention_days=DEFAU
             interval_s = float(interval_s)
             rows = []
             by_index = dict((dev.index, dev) for dev in snapshot.all_devices)
-            for proc in snapshot.processes:
-                cmdline = ' '.join(proc.cmdline or [])[:MAX_CMDLINE] if proc.cmdline is not None else None
+            for proc, cmdline in zip(snapshot.processes, cmdlines):
                 for index in proc.gpu_indexes:
                     dev = by_index.get(index)
                     rows.append((now, interval_s, index, dev.uuid if dev else None, proc.pid, proc.starttime, proc.user,

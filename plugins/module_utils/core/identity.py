@@ -170,10 +170,9 @@ class _Value(object):
 class ExeIdentity(_Value):
     """The file a process executes: ``os.stat('/proc/PID/exe')`` and where it was executed from.
 
-    ``dir_writable``: True when a directory on ``path`` is owned by a user other than root or is
-    writable by group or others (sticky ones such as /tmp included: anyone may name a file there),
-    None when that cannot be told (a path that no longer names this inode: deleted, replaced, or
-    in another mount namespace), else False.
+    ``dir_writable``: True when a directory on ``path`` (in the process's own root) is owned by a
+    user other than root or is writable by group or others (sticky ones such as /tmp included:
+    anyone may name a file there), None when one cannot be examined, else False.
     """
 
     __slots__ = ('path', 'deleted', 'dev', 'ino', 'uid', 'mode', 'dir_writable')
@@ -206,9 +205,11 @@ class ExeIdentity(_Value):
             self.path, self.dev, self.ino, self.uid, self.mode, self.dir_writable)
 
 
-def dirs_writable(path, cache=None):
+def dirs_writable(path, cache=None, root=''):
     """Whether a user other than root may write a directory on the absolute ``path`` (True/False),
-    None when a directory cannot be examined.  ``cache``: a dict reused across calls of one scan."""
+    None when a directory cannot be examined.  ``root``: where ``path`` is looked up, ``/proc/PID/root``
+    for a process's own view (its mount namespace, its chroot), '' for ours.  ``cache``: a dict
+    reused across calls of one scan."""
     if not path.startswith('/'):
         return None
     directory = os.path.dirname(path)
@@ -219,25 +220,31 @@ def dirs_writable(path, cache=None):
             break
         directory = os.path.dirname(directory)
     for directory in chain:
-        if cache is not None and directory in cache:
-            verdict = cache[directory]
+        where = root + directory  # '/proc/PID/root/' ends in a slash: the link to the process's root is followed
+        if cache is not None and where in cache:
+            verdict = cache[where]
         else:
             try:
-                info = os.lstat(directory)
+                info = os.lstat(where)
             except OSError:
                 verdict = None
             else:
                 verdict = not stat_mod.S_ISDIR(info.st_mode) or info.st_uid != 0 or bool(info.st_mode & 0o022)
             if cache is not None:
-                cache[directory] = verdict
+                cache[where] = verdict
         if verdict is not False:
             return verdict
     return False
 
 
 def read_exe_identity(pid, proc_root='/proc', dir_cache=None):
-    """The ExeIdentity of ``pid``'s executable, or None (a kernel thread, a zombie, no permission)."""
-    link = os.path.join(proc_root, str(pid), 'exe')
+    """The ExeIdentity of ``pid``'s executable, or None (a kernel thread, a zombie, no permission).
+
+    The directories of its path are examined in the process's own root (``/proc/PID/root``), so a
+    process of another mount namespace or chroot is judged by the directories it ran from.
+    """
+    base = os.path.join(proc_root, str(pid))
+    link = os.path.join(base, 'exe')
     try:
         path = os.readlink(link)
     except OSError:
@@ -247,16 +254,8 @@ def read_exe_identity(pid, proc_root='/proc', dir_cache=None):
         info = os.stat(link)
     except OSError:  # the path is known, the file is not: nothing about it is vouched for
         return ExeIdentity(path, deleted, None, None, None, 0, None)
-    real = path[:-len(' (deleted)')] if deleted else path
-    writable = dirs_writable(real, dir_cache)
-    if not deleted and writable is False:
-        # the path must still name the inode the process runs (another mount namespace, a rename)
-        try:
-            here = os.stat(real)
-            if (here.st_dev, here.st_ino) != (info.st_dev, info.st_ino):
-                writable = None
-        except OSError:
-            writable = None
+    # deleted: the package was upgraded while it runs; its directories are still what they were
+    writable = dirs_writable(path[:-len(' (deleted)')] if deleted else path, dir_cache, os.path.join(base, 'root'))
     return ExeIdentity(path, deleted, info.st_dev, info.st_ino, info.st_uid, info.st_mode, writable)
 
 

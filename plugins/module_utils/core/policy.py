@@ -40,6 +40,7 @@ import shlex
 
 from . import notify as notify_mod
 from .errors import InvalidArgument
+from .exe_hash import ExeHashes
 from .identity import UNKNOWN_OWNER, name_trusted
 from .idle import process_utilization
 from .killer import DEFAULT_PROTECT_NAMES
@@ -68,6 +69,11 @@ ACTIONS = ('warn', 'terminate', 'kill')
 ROGUE_LEVELS = ('info', 'medium', 'high', 'critical')
 DEFAULT_PATH = '/etc/gpufleet/policy.yaml'
 MAX_POLICY_BYTES = 4 * 1024 * 1024
+# Limits on the shape of any document the agent reads (policy, settings, rogue rules; YAML, JSON
+# or TOML): mappings and lists nested at most MAX_NESTING deep, and YAML aliases adding at most
+# MAX_ALIAS_NODES nodes in all by repeating what their anchors name.  Past them: a clean error.
+MAX_NESTING = 32
+MAX_ALIAS_NODES = 100000
 MAX_ERRORS = 50
 GIB = 1024.0
 
@@ -99,15 +105,8 @@ _OFFSET = re.compile(r'^(?:UTC|GMT)?\s*([+-])(\d{1,2})(?::?(\d{2}))?$', re.IGNOR
 _SHA256 = re.compile(r'^[0-9a-fA-F]{64}$')
 _NAME = re.compile(r'^[A-Za-z0-9_.@*][A-Za-z0-9_.@$-]{0,127}$')
 
-DEFAULT_REDACT_PATTERNS = (
-    r'(?i)(--?(?:password|passwd|pass|pwd|token|secret|api[-_]?key|access[-_]?key|auth|credentials?)[= ])\S+',
-    r'(?i)((?:password|passwd|token|secret|api[-_]?key|access[-_]?key|auth)=)[^\s&]+',
-    r'(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+',
-    r'(://[^/\s:@]+:)[^@\s/]+(@)',
-    r'\b(AKIA)[0-9A-Z]{16}\b',
-    r'\b(gh[pousr]_)[A-Za-z0-9]{20,}\b',
-    r'\b(xox[abprs]-)[A-Za-z0-9-]{10,}\b',
-)
+# The default redaction (docs/policy.md, "Redaction") lives with the redaction itself.
+DEFAULT_REDACT_PATTERNS = notify_mod.DEFAULT_REDACT_PATTERNS
 
 
 class PolicyError(InvalidArgument):
@@ -131,6 +130,36 @@ class PolicyError(InvalidArgument):
 def _show(value):
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + '...'
+
+
+class DocumentLimitError(ValueError):
+    """A document nests deeper than MAX_NESTING or its YAML aliases expand past MAX_ALIAS_NODES."""
+
+    def __init__(self, why, line=None):
+        super(DocumentLimitError, self).__init__(why if line is None else 'line %d: %s' % (line, why))
+        self.why = why
+        self.line = line
+
+
+def _too_deep():
+    return 'mappings and lists nested more than %d levels deep (the limit)' % MAX_NESTING
+
+
+def check_nesting(data):
+    """Raise DocumentLimitError when mappings and lists in ``data`` nest deeper than MAX_NESTING
+    (``{a: 1}`` is one level, ``{a: {b: [1]}}`` three).  Iterative: any depth is refused, none recurses."""
+    pending = [(data, 1)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if level > MAX_NESTING:
+            raise DocumentLimitError(_too_deep())
+        pending.extend((child, level + 1) for child in children)
 
 
 class _Bad(Exception):
@@ -1074,22 +1103,28 @@ def _protect(value, path, lists):
     return Protect(users, groups, named, uid_below, names, exe)
 
 
+CLEAR_AFTER = 60.0   # a violation that disappears is cleared after this long away (escalation.clear_after)
+
+
 class Escalation(object):
     """Warnings at ``warn_at`` seconds after a violation is first seen; the action at ``act_at``;
-    SIGKILL ``sigkill_after`` seconds after SIGTERM; a failed action is retried after ``retry_after``."""
+    SIGKILL ``sigkill_after`` seconds after SIGTERM; a failed action is retried after ``retry_after``;
+    a violation that disappears is cleared once it has stayed away for ``clear_after`` seconds."""
 
-    def __init__(self, warn_at=(0.0, 300.0), act_at=600.0, sigkill_after=30.0, retry_after=300.0):
+    def __init__(self, warn_at=(0.0, 300.0), act_at=600.0, sigkill_after=30.0, retry_after=300.0, clear_after=CLEAR_AFTER):
         self.warn_at = sorted(float(x) for x in warn_at)
         self.act_at = float(act_at)
         self.sigkill_after = float(sigkill_after)
         self.retry_after = float(retry_after)
+        self.clear_after = float(clear_after)
 
     def to_dict(self):
         return {'warn_at': self.warn_at, 'act_at': self.act_at, 'sigkill_after': self.sigkill_after,
-                'retry_after': self.retry_after}
+                'retry_after': self.retry_after, 'clear_after': self.clear_after}
 
 
-ESCALATION_KEYS = ('warn_again_after', 'act_after', 'grace', 'warnings', 'sigkill_after', 'kill_after', 'retry_after', 'steps')
+ESCALATION_KEYS = ('warn_again_after', 'act_after', 'grace', 'warnings', 'sigkill_after', 'kill_after', 'retry_after', 'steps',
+                   'clear_after')
 
 
 def _escalation(value, path):
@@ -1106,6 +1141,7 @@ def _escalation(value, path):
                 raise _Bad(_join(path, name), value[name], 'given twice (kill_after is another name for sigkill_after)')
             sigkill = _duration(value[name], _join(path, name))
     retry = _duration(value['retry_after'], _join(path, 'retry_after')) if 'retry_after' in value else 300.0
+    clear = _duration(value['clear_after'], _join(path, 'clear_after')) if 'clear_after' in value else CLEAR_AFTER
     if 'steps' in value:
         if any(k in value for k in ('warn_again_after', 'act_after', 'grace', 'warnings')):
             raise _Bad(path, value, 'give steps, or warn_again_after/act_after, not both')
@@ -1134,7 +1170,7 @@ def _escalation(value, path):
             raise _Bad(_join(path, 'steps'), steps, 'the last step acts: action terminate (or kill)')
         if warn_at and max(warn_at) > act_at:
             raise _Bad(_join(path, 'steps'), steps, 'warnings come before the action')
-        return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry)
+        return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry, clear)
     if 'act_after' in value and 'grace' in value:
         raise _Bad(path, value, 'give act_after or grace (the same thing), not both')
     act_at = 600.0
@@ -1153,7 +1189,7 @@ def _escalation(value, path):
         if count > 100:
             raise _Bad(_join(path, 'warnings'), value['warnings'], 'at most 100 warnings')
         warn_at = [act_at * i / count for i in range(count)] if count else []
-    return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry)
+    return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry, clear)
 
 
 class RoguePolicy(object):
@@ -1339,6 +1375,10 @@ GPUKILL_KEYS = ('global', 'user_policies', 'group_policies', 'gpu_policies', 'ti
 
 def parse_policy(data, source='<policy>'):
     """Validate a loaded document (dict, or a shorthand list) -> Policy.  Raises PolicyError."""
+    try:
+        check_nesting(data)  # every format and caller (check-config, tick, gpu_audit's mapping) passes here
+    except DocumentLimitError as exc:
+        raise PolicyError([('', None, str(exc))], source)
     errors = _Errors()
     if data is None:
         data = {}
@@ -1825,12 +1865,53 @@ def _gk_limits(item, path):
 
 
 # ---------------------------------------------------------------------------- loading
+def _node_extent(node, extents):
+    """(nesting, nodes) of a composed YAML node whose children are in ``extents`` ({id: (node, nesting, nodes)})."""
+    if isinstance(node.value, list):
+        children = [n for item in node.value for n in (item if isinstance(item, tuple) else (item,))]
+        known = [extents.get(id(child)) for child in children]
+        if any(extent is None for extent in known):
+            return None
+        return 1 + max([extent[1] for extent in known] or [0]), 1 + sum(extent[2] for extent in known)
+    return 0, 1
+
+
 def _strict_yaml_loader():
-    """A SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+    """A SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one), nesting past
+    MAX_NESTING and aliases that expand past MAX_ALIAS_NODES (a "billion laughs" document): it
+    counts while it composes, before anything is built, so a small bomb costs a small effort."""
     yaml = yaml_module()
 
     class StrictLoader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
-        pass
+        def __init__(self, stream):
+            yaml.SafeLoader.__init__(self, stream)
+            self.open_nodes = 0        # the nodes being composed around the current one
+            self.extents = {}          # id(node) -> (node, nesting, nodes once aliases are expanded)
+            self.alias_nodes = 0       # nodes the aliases added so far
+
+        def compose_node(self, parent, index):
+            alias = self.check_event(yaml.AliasEvent)
+            line = self.peek_event().start_mark.line + 1
+            if self.open_nodes > MAX_NESTING:
+                raise DocumentLimitError(_too_deep(), line)
+            self.open_nodes += 1
+            try:
+                node = yaml.SafeLoader.compose_node(self, parent, index)
+            finally:
+                self.open_nodes -= 1
+            known = self.extents.get(id(node))
+            if known is None:
+                extent = None if alias else _node_extent(node, self.extents)
+                if extent is None:
+                    raise DocumentLimitError('an alias refers to the node that contains it (a recursive alias)', line)
+                known = self.extents[id(node)] = (node,) + extent
+            elif alias:
+                self.alias_nodes += known[2]
+                if self.alias_nodes > MAX_ALIAS_NODES:
+                    raise DocumentLimitError('aliases expand to more than %d nodes (the limit)' % MAX_ALIAS_NODES, line)
+            if self.open_nodes + known[1] > MAX_NESTING:
+                raise DocumentLimitError(_too_deep(), line)
+            return node
 
     def construct_mapping(loader, node, deep=False):
         loader.flatten_mapping(node)
@@ -1851,23 +1932,30 @@ def _strict_yaml_loader():
     return StrictLoader
 
 
-_LOADER = None
+_LOADER = []
+
+
+def yaml_loader():
+    """The loader class for every YAML document the agent reads (policy, settings, rogue rules):
+    strict and limited (see _strict_yaml_loader).  None without PyYAML."""
+    if not _LOADER:
+        _LOADER.append(_strict_yaml_loader() if yaml_module() is not None else None)
+    return _LOADER[0]
 
 
 def _read_document(text, source):
     """YAML (or JSON) first; TOML when that yields no mapping or list (gpu-kill configuration files)."""
-    global _LOADER  # pylint: disable=global-statement
     yaml_error = None
     data = None
     parsed = False
     stripped = text.strip()
     yaml = yaml_module()
     if yaml is not None:
-        if _LOADER is None:
-            _LOADER = _strict_yaml_loader()
         try:
-            data = yaml.load(text, Loader=_LOADER)  # nosec - a SafeLoader subclass
+            data = yaml.load(text, Loader=yaml_loader())  # nosec - a SafeLoader subclass
             parsed = True
+        except DocumentLimitError as exc:
+            raise PolicyError([('', None, str(exc))], source)
         except yaml.YAMLError as exc:
             yaml_error = str(exc).replace('\n', ' ')
         except (ValueError, TypeError, RecursionError, OverflowError) as exc:
@@ -1876,6 +1964,8 @@ def _read_document(text, source):
         try:
             data = json.loads(text) if stripped else None
             parsed = True
+        except RecursionError:
+            raise PolicyError([('', None, _too_deep())], source)
         except ValueError as exc:
             yaml_error = 'not JSON (install PyYAML to read YAML): %s' % exc
     if parsed and (data is None or isinstance(data, (dict, list))):
@@ -1973,19 +2063,19 @@ class Context(object):
     groups: {user: [group names]} (None: the host's Unix groups).  scheduler: 'slurm', 'kubernetes'
     or None (the node allocates GPUs through them; 'auto' detects slurmd/kubelet).  allocations:
     {gpu index: set of owner ids ('slurm:<job>' or 'pod:<uid>')} or None when unknown.
-    rogue_findings: {pid: finding} from core.rogue, or None.  exe_hashes: {pid: sha256} (None: read
-    /proc/PID/exe when an exemption asks for a hash).
+    rogue_findings: {pid: finding} from core.rogue, or None.  exe_hashes: {pid: sha256} (None: hash
+    /proc/PID/exe through ``exe_cache``, an exe_hash.ExeHashes, when an exemption asks for a hash).
     """
 
     def __init__(self, groups=None, scheduler=None, allocations=None, rogue_findings=None, exe_hashes=None,
-                 proc_root='/proc'):
+                 proc_root='/proc', exe_cache=None):
         self._groups = groups
         self._group_cache = {}
         self.scheduler = scheduler
         self.allocations = allocations
         self.rogue_findings = rogue_findings
         self._exe_hashes = exe_hashes
-        self._hash_cache = {}
+        self.exe_cache = exe_cache if exe_cache is not None else ExeHashes(proc_root=proc_root)
         self.proc_root = proc_root
         if scheduler == 'auto':
             self.scheduler = detect_scheduler(proc_root)
@@ -2002,10 +2092,7 @@ class Context(object):
     def exe_sha256(self, proc):
         if self._exe_hashes is not None:
             return self._exe_hashes.get(proc.pid)
-        key = (proc.pid, proc.starttime)
-        if key not in self._hash_cache:
-            self._hash_cache[key] = _hash_exe(proc.pid, self.proc_root)
-        return self._hash_cache[key]
+        return self.exe_cache.sha256(proc.pid, proc.starttime)
 
 
 _ALL_GROUPS = None
@@ -2033,26 +2120,8 @@ def _unix_groups(user):
     return tuple(names)
 
 
-def _hash_exe(pid, proc_root='/proc', limit=1024 * 1024 * 1024):
-    digest = hashlib.sha256()
-    try:
-        with open(os.path.join(proc_root, str(pid), 'exe'), 'rb') as handle:
-            read = 0
-            while True:
-                block = handle.read(1024 * 1024)
-                if not block:
-                    break
-                read += len(block)
-                if read > limit:
-                    return None
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
-
-
 def detect_scheduler(proc_root='/proc'):
-    """'slurm' or 'kubernetes' when slurmd or kubelet runs here, else None."""
+    """'slurm' or 'kubernetes' when root runs slurmd or kubelet here (never a name alone: processes.scheduler_daemon), else None."""
     return {'slurmd': 'slurm', 'kubelet': 'kubernetes'}.get(scheduler_daemon(proc_root))
 
 
@@ -2284,7 +2353,7 @@ def evaluate_detailed(policy, snapshot, state, now, context=None):
     violations.extend(_group_rules(run, by_user))
     violations.extend(_gpu_rules(run, quota))
     violations.extend(_rogue_rule(run))
-    return violations, run.notes
+    return violations, run.notes + [note for note in context.exe_cache.notes if note not in run.notes]
 
 
 def _user_rules(run, user, procs):

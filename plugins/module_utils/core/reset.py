@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import time
 
-from . import audit_log
+from . import audit_log, notify
 from .backends import amd as amd_backend
 from .backends import nvidia as nvidia_backend
 from .backends.base import error_text, pci_bdf
@@ -46,6 +46,7 @@ from .killer import DEFAULT_PROTECT_NAMES
 from .reclaim import ReclaimOptions, reclaim
 from .select import Selector
 from .snapshot import resolve_gpus, take_snapshot
+from .text import printable
 
 PASS, FAIL, WARN, NOT_EXPOSED, NOT_APPLICABLE = 'pass', 'fail', 'warn', 'not_exposed', 'not_applicable'
 CHECK_NAMES = ('vendor', 'root', 'tool', 'mig', 'nvlink', 'fabric_manager', 'persistence_mode', 'nvml_session',
@@ -182,11 +183,13 @@ def _label(dev):
 
 
 def _who(entry):
-    return 'pid %s %s (%s)' % (entry.get('pid'), entry.get('name') or '?', entry.get('user') or '?')
+    """A process in a message (the process's name is its user's text: escaped)."""
+    return printable('pid %s %s (%s)' % (entry.get('pid'), entry.get('name') or '?', entry.get('user') or '?'))
 
 
 def _describe(proc, devices=None):
-    out = {'pid': proc.pid, 'name': proc.name, 'user': proc.user, 'cmdline': list(proc.cmdline or [])}
+    out = {'pid': proc.pid, 'name': proc.name, 'user': proc.user,
+           'cmdline': notify.redact_argv(list(proc.cmdline or []), notify.default_patterns())}
     if devices is not None:
         out['devices'] = list(devices)
     return out

@@ -27,7 +27,6 @@ enough soft ones.  The data (names, lists, weights) lives in rogue_rules.py.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import ipaddress
 import json
 import math
@@ -37,12 +36,14 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from . import rogue_rules as R
+from . import notify, rogue_rules as R
 from .errors import GpuFleetError, InvalidArgument, MissingLibrary
+from .exe_hash import ExeHashes
 from .identity import kernel_lines
 from .processes import scheduler_daemon
 from .select import MAX_MATCH_TEXT, compile_regex
 from .select import _human  # one duration formatter for the core's messages
+from .text import clean_text
 
 try:
     import yaml
@@ -64,14 +65,12 @@ MAX_ENV_BYTES = 1024 * 1024
 MAX_MAPS_LINES = 65536
 MAX_PARENTS = 16
 MAX_RULES_FILE = 1024 * 1024
-MAX_HASH_BYTES = 1024 * 1024 * 1024
 MAX_OUTPUT_ARGS = 64
 MAX_OUTPUT_ARG = 1024
 _ID_RE = re.compile(r'^[A-Za-z][A-Za-z0-9_.-]{0,63}$')
 _HOST_RE = re.compile(r'^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)+$')
 _SHA256_RE = re.compile(r'^[0-9a-f]{64}$')
 _VERSION_SUFFIX_RE = re.compile(r'[-_.]?v?\d[0-9a-z._-]{0,30}$')
-_SURROGATES_RE = re.compile('[\ud800-\udfff]')
 _PRIVATE_NETS = tuple(ipaddress.ip_network(n) for n in R.PRIVATE_NETWORKS)
 TCP_STATES = {'01': 'ESTABLISHED', '02': 'SYN_SENT', '03': 'SYN_RECV', '04': 'FIN_WAIT1', '05': 'FIN_WAIT2',
               '06': 'TIME_WAIT', '07': 'CLOSE', '08': 'CLOSE_WAIT', '09': 'LAST_ACK', '0A': 'LISTEN', '0B': 'CLOSING'}
@@ -91,21 +90,6 @@ class RulesError(GpuFleetError):
 
 
 # ---------------------------------------------------------------------------- text helpers
-def clean_text(value, limit=None):
-    """A printable, JSON-safe str from str/bytes/anything (invalid UTF-8 and surrogates replaced)."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode('utf-8', 'replace')
-    elif not isinstance(value, str):
-        value = str(value)
-    if _SURROGATES_RE.search(value):
-        value = _SURROGATES_RE.sub('\ufffd', value)
-    if limit is not None and len(value) > limit:
-        value = value[:limit] + '...'
-    return value
-
-
 def _evidence(source, value, note=None):
     return {'source': source, 'value': clean_text(value, MAX_EVIDENCE_TEXT), 'note': note}
 
@@ -1039,12 +1023,16 @@ def _parse_document(text, source):
             raise RulesError(source, None, None, 'not UTF-8 text: %s' % exc)
     if len(text) > MAX_RULES_FILE:
         raise RulesError(source, None, None, 'larger than %d bytes' % MAX_RULES_FILE)
+    from .policy import DocumentLimitError, yaml_loader  # pylint: disable=import-outside-toplevel
     try:
-        loader = yaml.SafeLoader(text)
+        loader = yaml_loader()(text)   # the policy's loader: the same nesting and alias limits
     except yaml.YAMLError as exc:
         raise RulesError(source, None, None, 'not valid YAML: %s' % clean_text(exc, 300))
     try:
         return loader.get_single_node(), loader
+    except DocumentLimitError as exc:
+        loader.dispose()
+        raise RulesError(source, exc.line, None, exc.why)
     except yaml.MarkedYAMLError as exc:
         loader.dispose()
         mark = exc.problem_mark or exc.context_mark
@@ -1326,9 +1314,11 @@ class Detector(object):
 
 
 def _output_cmdline(args):
+    """The command line of a finding (returned, and appended to the audit log): bounded, and redacted
+    with the default patterns (notify.redact_argv: a finding at level info is any GPU process)."""
     if args is None:
         return None
-    return [clean_text(a, MAX_OUTPUT_ARG) for a in args[:MAX_OUTPUT_ARGS]]
+    return notify.redact_argv([clean_text(a, MAX_OUTPUT_ARG) for a in args[:MAX_OUTPUT_ARGS]], notify.default_patterns())
 
 
 def finding_dict(facts, score, level, fired, suppressors, points, behavioural, allowed, notes):
@@ -1437,22 +1427,6 @@ def _read_bytes(path, limit):
         return handle.read(limit)
 
 
-def _sha256_of(path):
-    digest = hashlib.sha256()
-    read = 0
-    try:
-        with open(path, 'rb') as handle:
-            while read < MAX_HASH_BYTES:
-                block = handle.read(1024 * 1024)
-                if not block:
-                    return digest.hexdigest()
-                digest.update(block)
-                read += len(block)
-    except OSError:
-        return None
-    return None
-
-
 CONTAINER_CONFIGS = (
     ('docker', '/var/lib/docker/containers/{id}/config.v2.json'),
     ('containerd', '/run/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/config.json'),
@@ -1489,13 +1463,17 @@ class FactsCollector(object):
 
     ``proc_root`` and ``root`` are test seams.  The environment of a process is read only when we
     are root or it is our own user's process; other users' maps, fds and exe need root as well,
-    and what could not be read is None (a note in the finding says so).
+    and what could not be read is None (a note in the finding says so).  ``exe_hashes``: the
+    exe_hash.ExeHashes that hashes executables for allowlist entries (the guard's keeps its
+    digests across ticks); default: a new one.
     """
 
-    def __init__(self, proc_root='/proc', root='/', history_path=None, allocation='auto', window_s=R.WINDOW_S):
+    def __init__(self, proc_root='/proc', root='/', history_path=None, allocation='auto', window_s=R.WINDOW_S,
+                 exe_hashes=None):
         if allocation not in ('auto', 'always', 'never'):
             raise InvalidArgument('require_allocation', allocation, 'expected auto, always or never')
         self.proc_root = proc_root
+        self.exe_hashes = exe_hashes if exe_hashes is not None else ExeHashes(proc_root=proc_root)
         self.root = root
         self.history_path = history_path
         self.allocation = allocation
@@ -1583,8 +1561,7 @@ class FactsCollector(object):
             facts.exe = os.readlink(os.path.join(base, 'exe'))
         except OSError:
             pass
-        exe_path = os.path.join(base, 'exe')
-        facts.sha256_fn = lambda: _sha256_of(exe_path)
+        facts.sha256_fn = lambda: self._sha256(proc, facts)
         if self.euid == 0 or (proc.uid is not None and proc.uid == self.euid):
             try:
                 facts.env = parse_environ(_read_bytes(os.path.join(base, 'environ'), MAX_ENV_BYTES))
@@ -1599,6 +1576,12 @@ class FactsCollector(object):
         facts.connections = self._connections(base, facts)
         facts.parents = self._parents(proc.ppid if proc.ppid is not None else self._ppid(base))
         return facts
+
+    def _sha256(self, proc, facts):
+        known = len(self.exe_hashes.notes)
+        digest = self.exe_hashes.sha256(proc.pid, proc.starttime)
+        facts.notes.extend(self.exe_hashes.notes[known:])
+        return digest
 
     def _same_process(self, base, starttime):
         if starttime is None:
@@ -1668,11 +1651,27 @@ class FactsCollector(object):
 
 
 # ---------------------------------------------------------------------------- entry points
-def detect_snapshot(snapshot, config=None, min_level='info', history_path=None, allocation='auto', collector=None):
+def detector_argument_spec():
+    """The module options that the detector is built from, in gpu_audit and in gpu_kill (rogue=true):
+    one definition, so that both read the same usage history and decide allocations alike.  Their
+    documentation is the doc fragment gpufleet.reclaim._attributes.ROGUE_DETECTOR."""
+    from .history import DEFAULT_PATH  # pylint: disable=import-outside-toplevel
+    return dict(require_allocation=dict(type='str', default='auto', choices=['auto', 'always', 'never']),
+                history_path=dict(type='path', default=DEFAULT_PATH))
+
+
+def detector_options(params):
+    """The keyword arguments of detect_snapshot and selector_detector that a module's parameters give."""
+    return {'history_path': params['history_path'], 'allocation': params['require_allocation']}
+
+
+def detect_snapshot(snapshot, config=None, min_level='info', history_path=None, allocation='auto', collector=None,
+                    exe_hashes=None):
     """(findings, warnings, evaluated) for a live snapshot."""
     config = config if config is not None else RogueConfig()
     if collector is None:
-        collector = FactsCollector(history_path=history_path, allocation=allocation, window_s=config.window_s)
+        collector = FactsCollector(history_path=history_path, allocation=allocation, window_s=config.window_s,
+                                   exe_hashes=exe_hashes)
     facts_list = collector.collect(snapshot)
     findings = Detector(config).detect(facts_list, min_level)
     return findings, list(config.warnings) + list(collector.warnings), len(facts_list)

@@ -180,7 +180,7 @@ class HostileNode(object):
             result = json.loads(out)
         except ValueError:
             result = out
-        signalled = sorted(set(entry[1] for entry in seen if entry[0] in ('os.kill', 'os.killpg', 'pidfd_send_signal')))
+        signalled = sorted(set(entry[1] for entry in seen if entry[0] in ('os.kill', 'os.killpg')))
         return proc.returncode, result, signalled, err[-4000:]
 
     def close(self):

@@ -14,9 +14,10 @@ import sys
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import core as core_pkg
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli, guard
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, cli, guard
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import snapshot as snapshot_mod
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import GIB, proc, snapshot
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
+    BOMB_LINE, DEEP_TOML, GIB, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs, proc, snapshot)
 
 MODULE_UTILS = os.path.dirname(os.path.dirname(os.path.abspath(core_pkg.__file__)))
 GOOD = 'mode: enforce\nusers: {alice: {max_mem_gib_per_gpu: 8}}\nescalation: {act_after: 1h}\nnotify: {tty: false}\n'
@@ -77,6 +78,19 @@ def test_check_config_reports_expired_exemptions_and_notes(tmp_path):
     assert rc == 0 and 'expired on 2001-01-02' in out
 
 
+def test_check_config_refuses_deep_nesting_and_alias_bombs_cleanly(tmp_path, capsys):
+    deep = tmp_path / 'deep.toml'
+    deep.write_text(DEEP_TOML)
+    rc, _out = run(['check-config', str(deep)])
+    assert rc == 1 and capsys.readouterr().err == '%s: (top): invalid value None: %s\n' % (deep, TOO_DEEP)
+    rc, out = run(['check-config', str(deep), '--json'])
+    assert rc == 1 and json.loads(out)['errors'][0]['why'] == TOO_DEEP
+    bomb = tmp_path / 'bomb.yaml'
+    bomb.write_text(billion_laughs())
+    rc, _out = run(['check-config', str(bomb)])
+    assert rc == 1 and 'line %d: %s' % (BOMB_LINE, TOO_MANY_ALIASED) in capsys.readouterr().err
+
+
 def test_check_config_reads_stdin(monkeypatch):
     monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(GOOD.encode())))
     assert run(['check-config', '-'])[0] == 0
@@ -110,6 +124,22 @@ def test_verify_log_finds_tampering(root, fake_host):
     assert rc == 1 and 'BROKEN' in out
     rc, out = run(['verify-log', log, '--json'])
     assert json.loads(out)['valid'] is False
+
+
+def test_verify_log_accepts_actions_over_pids_9_and_10(tmp_path):
+    """One action over pids whose numeric and text order differ (9/10, 999/1000) is not reported as edited."""
+    log = str(tmp_path / 'guard.jsonl')
+    for pids in ((9, 10), (999, 1000)):
+        audit_log.append(log, {'event': 'guard_decision', 'decision': 'act', 'pids': list(pids), 'outcome': {
+            'result': 'done', 'signal': 'SIGTERM', 'pids': dict((pid, {'outcome': 'killed', 'signals': ['SIGTERM']}) for pid in pids)}})
+    rc, out = run(['verify-log', log])
+    assert rc == 0 and out == '%s: chain valid, 2 line(s)\n' % log
+    with open(log) as handle:
+        text = handle.read()
+    with open(log, 'w') as handle:
+        handle.write(text.replace('"999":{"outcome":"killed"', '"999":{"outcome":"failed"'))
+    rc, out = run(['verify-log', log])
+    assert rc == 1 and 'line 2: line content does not match its hash (edited)' in out
 
 
 def test_tick_with_an_invalid_policy_fails(root, fake_host, capsys):

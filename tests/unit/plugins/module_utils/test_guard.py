@@ -23,7 +23,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
-    GIB, Clock, proc, snapshot)
+    DEEP_TOML, GIB, TOO_DEEP, TOO_MANY_ALIASED, Clock, billion_laughs, proc, snapshot)
 
 POLICY = '''
 mode: %s
@@ -92,6 +92,60 @@ def test_warn_then_warn_again_then_act_after_the_grace(tmp_path):
     assert [r['decision'] for r in log] == ['warn', 'warn', 'act', 'act', 'clear']
     assert all(r['event'] == 'guard_decision' and r['mode'] == 'dry-run' for r in log)
     assert audit_log.verify(node.paths.log)['valid']
+
+
+OVER = [proc(1, 'alice', {0: 12 * GIB})]
+UNDER = [proc(1, 'alice', {0: 6 * GIB})]
+
+
+def test_single_ticks_under_the_limit_do_not_restart_the_escalation(tmp_path):
+    """Over the limit on 4 ticks of 5 (30 s apart), under it on the 5th: warned, warned again, acted on after the grace."""
+    node = Node(tmp_path)
+    seen = []
+    for index in range(21):
+        node.snap = snapshot(UNDER if index % 5 == 4 else OVER)
+        seen.extend((index * 30, decision) for decision in decisions(node.tick(30 if index else 0)))
+    assert seen == [(0, ('warn', 'max_mem_per_gpu', 1)), (300, ('warn', 'max_mem_per_gpu', 2)), (600, ('act', 'max_mem_per_gpu', 2))]
+    assert 'clear' not in [r['decision'] for r in node.log()]
+
+
+def test_a_violation_clears_once_it_stayed_away_for_clear_after(tmp_path):
+    node = Node(tmp_path, policy=(POLICY % 'dry-run').replace('retry_after: 5m}', 'retry_after: 5m, clear_after: 2m}'))
+    node.snap = snapshot(OVER)
+    assert decisions(node.tick()) == [('warn', 'max_mem_per_gpu', 1)]
+    node.snap = snapshot(UNDER)
+    assert decisions(node.tick(30)) == []                                     # away since 30 s
+    [(key, entry)] = node.state()['violations'].items()
+    assert entry['gone_since'] == node.clock.now and entry['warnings'] == 1   # kept, with its escalation
+    assert decisions(node.tick(60)) == []                                     # away for 60 s
+    node.snap = snapshot(OVER)
+    assert decisions(node.tick(60)) == []                                     # back after 2 ticks: no new first warning
+    assert 'gone_since' not in node.state()['violations'][key]
+    node.snap = snapshot(UNDER)
+    assert decisions(node.tick(30)) == []                                     # away again, the clock starts again
+    assert decisions(node.tick(119)) == []                                    # 119 s away
+    assert decisions(node.tick(1)) == [('clear', 'max_mem_per_gpu', None)]   # 120 s away: cleared
+    assert node.state()['violations'] == {}
+    node.snap = snapshot(OVER)
+    assert decisions(node.tick(30)) == [('warn', 'max_mem_per_gpu', 1)]      # a new violation starts from its first warning
+    assert [r['decision'] for r in node.log()] == ['warn', 'clear', 'warn']
+
+
+@pytest.mark.parametrize('policy,cleared_after', [
+    ((POLICY % 'dry-run').replace('retry_after: 5m}', 'retry_after: 5m, clear_after: 0s}'), 30),   # 0: at the first tick away
+    (POLICY % 'dry-run', 90),                                                                      # the default, 60 s
+])
+def test_clear_after_zero_and_default(tmp_path, policy, cleared_after):
+    node = Node(tmp_path, policy=policy)
+    node.snap = snapshot(OVER)
+    node.tick()
+    start = node.clock.now
+    node.snap = snapshot(UNDER)
+    cleared = []
+    for _tick in range(6):
+        if decisions(node.tick(30)) == [('clear', 'max_mem_per_gpu', None)]:
+            cleared.append(node.clock.now - start)
+    assert cleared == [cleared_after]
 
 
 def test_a_late_first_tick_still_warns_before_it_acts(tmp_path):
@@ -196,6 +250,24 @@ def test_an_invalid_policy_decides_nothing_and_is_logged(tmp_path):
         assert 'gpufleet_guard_policy_valid 0' in handle.read()
 
 
+@pytest.mark.parametrize('text,why', [
+    (DEEP_TOML, TOO_DEEP),                      # 2 KB of TOML
+    (billion_laughs(), TOO_MANY_ALIASED),       # a few hundred bytes of YAML
+], ids=['toml-nesting', 'yaml-alias-bomb'])
+def test_a_policy_past_the_document_limits_is_logged_and_alerts(tmp_path, text, why):
+    """Not an uncaught RecursionError (or minutes of alias expansion): the invalid-policy record and policy_valid 0."""
+    node = Node(tmp_path)
+    node.tick()
+    node.write_policy(text)
+    summary = node.tick(60)
+    assert summary['rc'] == 1 and why in summary['error'] and 'decisions' not in summary
+    record = node.log()[-1]
+    assert record['event'] == 'guard_policy_invalid' and why in record['error']
+    with open(node.paths.metrics) as handle:
+        assert 'gpufleet_guard_policy_valid 0' in handle.read()
+    assert audit_log.verify(node.paths.log)['valid']
+
+
 @pytest.mark.parametrize('target,mode,words', [
     ('policy', 0o666, 'writable by group and others'),
     ('policy', 0o664, 'writable by its group'),
@@ -298,6 +370,12 @@ def test_settings_file(tmp_path):
         handle.write('colour: blue\n')
     with pytest.raises(guard.InvalidArgument):
         guard.load_settings(paths.settings, paths)
+    for text, why in (('vendor: ' + '[' * 40 + ']' * 40 + '\n', TOO_DEEP), (billion_laughs(), TOO_MANY_ALIASED)):
+        with open(paths.settings, 'w') as handle:
+            handle.write(text)
+        with pytest.raises(guard.InvalidArgument) as info:
+            guard.load_settings(paths.settings, paths)
+        assert info.value.field == 'settings' and why in info.value.why
 
 
 # ============================================================================ notifications

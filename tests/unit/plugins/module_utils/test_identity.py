@@ -152,27 +152,18 @@ def test_directories_users_may_write(tmp_path):
     assert I.dirs_writable('/usr/bin/env', cache) is True
 
 
-def test_a_path_that_no_longer_names_the_inode_is_not_vouched_for(monkeypatch):
-    sleep = os.path.realpath(shutil.which('sleep'))
-    child = subprocess.Popen([sleep, '600'])
-    try:
-        h.wait_for(lambda: (I.read_exe_identity(child.pid) or TRUSTED_EXE).path == sleep, what='sleep to start')
-        assert I.read_exe_identity(child.pid).dir_writable is I.dirs_writable(sleep)
-        real_stat = os.stat
-
-        def renamed(path, *args, **kwargs):
-            result = real_stat(path, *args, **kwargs)
-            if path == sleep:  # as if the path named another file now (a rename, another mount namespace)
-                return os.stat_result((result.st_mode, result.st_ino + 1) + tuple(result)[2:])
-            return result
-
-        monkeypatch.setattr(I, 'dirs_writable', lambda path, cache=None: False)
-        monkeypatch.setattr(os, 'stat', renamed)
-        found = I.read_exe_identity(child.pid)
-        assert found.path == sleep and found.dir_writable is None and not found.trusted
-    finally:
-        child.kill()
-        child.wait(10)
+def test_directories_are_examined_in_the_processs_own_root(tmp_path):
+    """A chroot's /usr/bin may be a directory alice owns: the path names it there, not ours."""
+    jail = tmp_path / 'jail'
+    (jail / 'usr' / 'bin').mkdir(parents=True)
+    for path in (tmp_path, jail, jail / 'usr', jail / 'usr' / 'bin'):
+        os.chmod(str(path), 0o755)
+    assert I.dirs_writable('/usr/bin/sleep', root=str(jail)) is True    # under /tmp: ours is not root's alone
+    assert I.dirs_writable('/usr/bin/sleep', root='') is I.dirs_writable(os.path.realpath(shutil.which('sleep')))
+    os.chmod(str(jail / 'usr' / 'bin'), 0o777)
+    cache = {}
+    assert I.dirs_writable('/usr/bin/sleep', cache, root=str(jail)) is True
+    assert cache[str(jail) + '/usr/bin'] is True and '/usr/bin' not in cache
 
 
 def test_the_system_uid_boundary(tmp_path):

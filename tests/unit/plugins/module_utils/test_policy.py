@@ -14,7 +14,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import ident
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import toml_lite
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
-    GIB, MONDAY_NOON, pids, proc, rules, snapshot)
+    BOMB_LINE, DEEP_TOML, GIB, MONDAY_NOON, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs, pids, proc, rules, snapshot)
 
 NO_GROUPS = P.Context(groups={})
 
@@ -80,6 +80,9 @@ def test_errors_name_the_file_the_path_and_the_value():
     ('notify: {webhook: {url: "ftp://x"}}', 'notify.webhook.url', 'http'),
     ('escalation: {warn_again_after: 20m, act_after: 10m}', 'escalation.warn_again_after', 'before the action'),
     ('escalation: [{after: 0, action: warn}]', 'escalation.steps', 'the last step acts'),
+    ('escalation: {clear_after: 90}', 'escalation.clear_after', 'write a unit'),
+    ('escalation: {clear_after: soon}', 'escalation.clear_after', 'expected a duration'),
+    ('escalation: {clear_after: -1m}', 'escalation.clear_after', 'expected a duration'),
     ('gpus: {"7-3": {reserved_for: [alice]}}', 'gpus.7-3', 'range'),
     ('gpus: {"0": {reserved_for: ["@nobody"]}}', 'gpus.0.reserved_for', 'no such list'),
     ('groups: {phd: {members: [a], unix_group: phd}}', 'groups.phd', 'not both'),
@@ -97,6 +100,88 @@ def test_invalid_values_are_named(text, path, fragment):
 def test_duplicate_yaml_keys_are_an_error():
     exc = errors_of('users:\n  alice: {max_gpus: 1}\n  alice: {max_gpus: 2}\n')
     assert 'duplicate key' in str(exc) and 'alice' in str(exc)
+
+
+# ---------------------------------------------------------------------------- document limits (nesting, alias bombs)
+def nested_yaml(levels):
+    """A block mapping ``levels`` deep: a:\n  a:\n ... a: 1 (``{a: 1}`` is one level)."""
+    return ''.join('  ' * i + 'a:\n' for i in range(levels - 1)) + '  ' * (levels - 1) + 'a: 1\n'
+
+
+@pytest.mark.parametrize('text', [
+    DEEP_TOML,
+    '[%s]\nx = 1\n' % '.'.join(['t'] * 40),                    # a TOML table header
+    'x = ' + '[' * 40 + ']' * 40 + '\n',                         # TOML arrays (the reader's own limit is deeper)
+    nested_yaml(P.MAX_NESTING + 1),
+    '[' * 5000 + ']' * 5000,                                      # YAML flow (and JSON) sequences
+    '{"a": ' * 5000 + '1' + '}' * 5000,
+], ids=['toml-dotted-keys', 'toml-table', 'toml-arrays', 'yaml-block', 'yaml-flow', 'json'])
+def test_nesting_past_the_limit_is_a_clean_policy_error(text):
+    exc = errors_of(text)
+    assert exc.errors == [('', None, exc.errors[0][2])] and TOO_DEEP in exc.errors[0][2]
+    assert TOO_DEEP in str(exc) and str(exc).startswith('policy.yaml: ')
+
+
+def test_nesting_past_the_limit_without_pyyaml(monkeypatch):
+    monkeypatch.setattr(P, 'yaml_module', lambda: None)            # JSON only
+    for text in ('{"a": ' * 5000 + '1' + '}' * 5000, '[' * 100000 + ']' * 100000):
+        assert TOO_DEEP in str(errors_of(text))
+
+
+def test_nesting_up_to_the_limit_is_read():
+    assert load('metadata:\n' + ''.join('  ' * (i + 1) + 'a:\n' for i in range(P.MAX_NESTING - 2))
+                + '  ' * P.MAX_NESTING + 'a: 1\n').mode == 'dry-run'                  # 32 levels, metadata included
+    assert P.read_document(nested_yaml(P.MAX_NESTING)) is not None
+    with pytest.raises(P.PolicyError):
+        P.read_document(nested_yaml(P.MAX_NESTING + 1))
+
+
+def test_a_deep_mapping_from_gpu_audit_is_refused_too():
+    """gpu_audit's policy= may be a mapping: it is validated by the same parse_policy."""
+    data = 1
+    for _level in range(3000):
+        data = {'metadata': data}
+    with pytest.raises(P.PolicyError) as info:
+        P.parse_policy(data, 'policy')
+    assert TOO_DEEP in str(info.value)
+
+
+def test_yaml_alias_bomb_is_refused_while_composing():
+    assert TOO_DEEP == 'mappings and lists nested more than %d levels deep (the limit)' % P.MAX_NESTING
+    assert TOO_MANY_ALIASED == 'aliases expand to more than %d nodes (the limit)' % P.MAX_ALIAS_NODES
+    exc = errors_of(billion_laughs())
+    assert 'line %d: %s' % (BOMB_LINE, TOO_MANY_ALIASED) in str(exc)
+    loader = P.yaml_loader()(billion_laughs())
+    try:
+        with pytest.raises(P.DocumentLimitError) as info:
+            loader.get_single_node()
+        assert info.value.line == BOMB_LINE and len(loader.extents) < 100     # refused after ~60 composed nodes, not 9**9
+        assert loader.alias_nodes <= P.MAX_ALIAS_NODES + 9 ** 6
+    finally:
+        loader.dispose()
+
+
+def test_aliases_that_nest_past_the_limit_are_refused():
+    inner = '[' * 10 + '%s' + ']' * 10
+    text = 'a: &a %s\nb: &b %s\nc: &c %s\nd: %s\n' % (inner % 1, inner % '*a', inner % '*b', inner % '*c')
+    assert 'line 4: ' + TOO_DEEP in str(errors_of(text))
+    assert 'recursive alias' in str(errors_of('metadata: &m [1, *m]\n'))
+
+
+def test_ordinary_anchors_and_merge_keys_still_work():
+    policy = load('lists: {team: &team [alice, bob]}\n'
+                  'defaults: &base {max_gpus: 2, max_procs: 4}\n'
+                  'groups: {phd: {members: *team, max_gpus: 3}}\n'
+                  'users: {carol: {<<: *base, max_mem_gib_total: 8}}\n')
+    assert policy.users['carol']['max_gpus'] == 2 and policy.users['carol']['max_procs'] == 4
+    assert policy.defaults['max_gpus'] == 2
+
+
+def test_clear_after_default_and_both_escalation_forms():
+    assert load('mode: warn').escalation.clear_after == P.CLEAR_AFTER == 60.0
+    assert load('escalation: {act_after: 10m, clear_after: 15m}').escalation.to_dict()['clear_after'] == 900.0
+    steps = load('escalation: {steps: [{after: 0}, {after: 5m, action: terminate}], clear_after: 0s}').escalation
+    assert steps.clear_after == 0.0 and steps.act_at == 300.0
 
 
 def test_every_error_is_reported_not_only_the_first():

@@ -13,6 +13,8 @@ import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import rogue
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import rogue_rules as R
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
+    BOMB_LINE, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs)
 
 XMR = '45ASi45ub7Qe4ZE36UT5G6cU4ud8Fhhe4deS4F3cw9KTAb8dLcukC7edhDQ7cn5d4gEYkbUrMWeWQLGsCmrG6dLaYyNoVKf'
 ETH = '0x70f58904dba41ecccc3fc1626e53a13043b026c4'
@@ -631,6 +633,17 @@ def test_rules_file_read_errors(tmp_path):
     with pytest.raises(rogue.RulesError) as exc:
         rogue.load_config(text='[' * 5000)
     assert exc.value.source == '<rules text>'
+
+
+def test_rules_files_have_the_policy_limits_on_nesting_and_aliases():
+    """The rules file is read with the policy's loader: an alias bomb or deep nesting is refused while composing."""
+    with pytest.raises(rogue.RulesError) as exc:
+        rogue.load_config(text=billion_laughs())
+    assert exc.value.line == BOMB_LINE and exc.value.why == TOO_MANY_ALIASED
+    with pytest.raises(rogue.RulesError) as exc:
+        rogue.load_config(text='pools: ' + '[' * 40 + ']' * 40 + '\n')
+    assert exc.value.why == TOO_DEEP
+    assert rogue.load_config(text='pools: &p ["203.0.113.7"]\nminer_names: [xmr-fork]\n').warnings == []
 
 
 def test_inline_rules_errors_have_no_line():
