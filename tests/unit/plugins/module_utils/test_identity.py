@@ -392,3 +392,23 @@ def test_an_owner_that_cannot_be_read_is_read_once_more(tmp_path, monkeypatch):
 def test_a_process_gone_before_the_read_has_no_identity(tmp_path):
     assert I.read_identity(4242, str(tmp_path)) == (None, None)
     assert I.read_identity(h.unused_pid()) == (None, None)
+
+
+def test_a_pid_whose_owner_changed_since_the_snapshot_is_not_signalled(monkeypatch):
+    """Selected as alice's (users=[alice], a quota), owned by another uid when the killer looks: skipped."""
+    child = subprocess.Popen(['sleep', '600'])
+    try:
+        h.wait_for(lambda: (I.read_stat(child.pid) or {}).get('comm') == 'sleep', what='sleep to start')
+        ident, _extra = I.read_identity(child.pid)
+        snap = snapshot([proc(child.pid, 'alice', {0: 4096}, uid=ALICE, starttime=ident.starttime)])
+        snap.processes[0].identity = I.Identity(child.pid, ident.starttime, 'S', 1, 1, 0, 'sleep', (ALICE,) * 4, ident.exe)
+        sent = _no_signals(monkeypatch)
+        decided = plan(snap, Selector(pids=[child.pid]), ReclaimOptions(), killer.Protection(protect_names=[]))
+        monkeypatch.undo()  # os.kill again, for the cleanup below
+        assert decided.victims == [] and sent == []
+        (skipped,) = decided.skipped
+        assert skipped['reason'] == 'pid %d was selected as uid %d\'s but is now owned by uid %d: not signalled' % (
+            child.pid, ALICE, os.getuid())
+    finally:
+        child.kill()
+        child.wait(10)
