@@ -41,6 +41,7 @@ import shlex
 from . import notify as notify_mod, safe_files
 from .errors import InvalidArgument
 from .exe_hash import ExeHashes
+from .identity import UNKNOWN_OWNER, name_trusted
 from .idle import process_utilization
 from .killer import DEFAULT_PROTECT_NAMES
 from .processes import scheduler_daemon
@@ -1012,7 +1013,14 @@ def _exemption(value, path):
 
 
 class Protect(object):
-    """Processes quota rules never touch (the rogue rule still applies to them)."""
+    """Processes quota rules never touch (the rogue rule still applies to them).
+
+    ``users``, ``groups``, ``lists`` and ``uid_below`` go by the real uid the kernel reports.  A
+    ``name`` (comm, argv[0], the executable's basename, plus killer.DEFAULT_PROTECT_NAMES) or an
+    ``exe`` path protects only a process whose owner could not have chosen it
+    (identity.Identity.name_trusted: a system account runs it, from a root-owned executable outside
+    directories users may write): an ordinary user's hog named ``sshd`` is charged like any other.
+    """
 
     def __init__(self, users=(), groups=(), lists=(), uid_below=None, names=(), exe=()):
         self.users = frozenset(users)
@@ -1034,10 +1042,11 @@ class Protect(object):
             names.add(os.path.basename(proc.cmdline[0]))
         if proc.exe:
             names.add(os.path.basename(proc.exe.replace(' (deleted)', '')))
+        trusted = name_trusted(getattr(proc, 'identity', None))
         hit = sorted(names & self.names)
-        if hit:
+        if hit and trusted:
             return 'protected name %s' % hit[0]
-        if proc.exe and proc.exe.replace(' (deleted)', '') in self.exe:
+        if trusted and proc.exe and proc.exe.replace(' (deleted)', '') in self.exe:
             return 'protected executable %s' % proc.exe
         for name in self.lists:
             if proc.user in policy.lists.get(name, ()):
@@ -2325,9 +2334,14 @@ def evaluate_detailed(policy, snapshot, state, now, context=None):
         return [], ['the policy is disabled (enabled: false)']
     quota = []
     for proc in snapshot.processes:
-        if not proc.found or proc.user is None:
-            run.notes.append('pid %d: not visible here or owner unknown; quota rules skip it' % proc.pid)
+        if not proc.found:
+            run.notes.append('pid %d: not visible here; quota rules skip it' % proc.pid)
             continue
+        if proc.user is None:
+            # Never skipped: an owner that cannot be read (read twice) is charged to a pseudo-owner.
+            run.notes.append('pid %d: owner unknown; charged to %s' % (proc.pid, UNKNOWN_OWNER))
+            proc = copy.copy(proc)
+            proc.user = UNKNOWN_OWNER
         why = policy.protect.reason(proc, policy, context)
         if why is not None:
             run.notes.append('pid %d (%s): %s; quota rules skip it' % (proc.pid, proc.user, why))

@@ -23,6 +23,8 @@ import os
 import re
 import stat as stat_mod
 
+from .identity import kernel_lines, read_bytes as _read_bytes, read_identity
+from .identity import parse_stat, read_starttime  # pylint: disable=unused-import  # importable from here too
 from .model import NOT_FOUND, ContainerInfo, Holder, ProcessRecord
 
 # psutil is imported on first use, not at load: the guard agent reads /proc itself and never needs
@@ -221,26 +223,6 @@ def parse_cgroup(text, trust=None):
     return container, slurm_job
 
 
-def parse_stat(text):
-    """Parse /proc/PID/stat -> dict(comm, state, ppid, session, flags, starttime); fields after the last ')'."""
-    end = text.rfind(')')
-    start = text.find('(')
-    if end < 0 or start < 0:
-        raise ValueError('malformed stat line')
-    rest = text[end + 2:].split()
-    # rest[0] is field 3 (state), so field N is rest[N - 3].
-    return {'comm': text[start + 1:end], 'state': rest[0], 'ppid': int(rest[1]), 'session': int(rest[3]),
-            'flags': int(rest[6]), 'starttime': int(rest[19])}
-
-
-def read_starttime(pid, proc_root='/proc'):
-    """Field 22 of /proc/PID/stat (clock ticks after boot): identifies a pid across reuse.  None if gone."""
-    try:
-        return parse_stat(_read_text(os.path.join(proc_root, str(pid), 'stat')))['starttime']
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def resolve_dev_roots(dev_roots):
     """``dev_roots`` or, when None, the module-level DEFAULT_DEV_ROOTS (read at call time: a test seam)."""
     return tuple(dev_roots) if dev_roots else DEFAULT_DEV_ROOTS
@@ -405,52 +387,20 @@ def scan_device_fds(proc_root='/proc', dev_roots=None, exclude=(), pids=None):
 SCHEDULER_DAEMONS = ('slurmd', 'kubelet')
 
 
-def _root_owned_unwritable(info, kind):
-    return kind(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022
-
-
 def root_daemon_name(pid, proc_root='/proc'):
     """The basename of ``pid``'s executable when root vouches for the process, else None.
 
-    IDENTITY (issue #15): core/identity.py reads the same kernel facts (uids, executable); point
-    this check at it when both are merged.
-    Vouched means: the real, effective and saved uids are 0 (the exact ``Uid:\\t`` line of
-    /proc/PID/status, lines split at newlines only); the running executable (``stat`` of
-    /proc/PID/exe) is a regular file owned by root and writable by neither group nor others; and
-    every directory above it, in the process's own root (/proc/PID/root), is owned by root and
-    writable by neither group nor others, so no user could have put or renamed a file there.  The
-    process's start time is read before and after, so a pid reused meanwhile is not vouched for.
+    Vouched means (identity.read_identity, the one reader of these kernel facts): the real,
+    effective and saved uids are 0; the running executable is a root-owned file that neither group
+    nor others may write; and every directory above it, in the process's own root, is owned by root
+    and writable by neither group nor others, so no user could have put or renamed a file there.
+    A pid reused during the read is not vouched for.
     """
-    pid = str(int(pid))
-    base = os.path.join(proc_root, pid)
-    before = read_starttime(pid, proc_root)
-    try:
-        status = _read_bytes(os.path.join(base, 'status'), 64 * 1024)
-        path = os.readlink(os.path.join(base, 'exe'))
-        info = os.stat(os.path.join(base, 'exe'))
-    except OSError:
+    ident, _extra = read_identity(int(pid), proc_root)
+    if ident is None or not ident.uids or ident.uids[:3] != (0, 0, 0) or ident.exe is None or not ident.exe.trusted:
         return None
-    uids = [line[5:].split(b'\t') for line in status.split(b'\n') if line.startswith(b'Uid:\t')]
-    if len(uids) != 1 or uids[0][:3] != [b'0', b'0', b'0']:
-        return None
-    if path.endswith(' (deleted)'):  # the package was upgraded while the daemon runs
-        path = path[:-len(' (deleted)')]
-    if not path.startswith('/') or not _root_owned_unwritable(info, stat_mod.S_ISREG):
-        return None
-    directory = os.path.dirname(path)
-    while True:
-        try:
-            info = os.lstat(os.path.join(base, 'root') + directory)  # '/' ends in a slash: the root link is followed
-        except OSError:
-            return None
-        if not _root_owned_unwritable(info, stat_mod.S_ISDIR):
-            return None
-        if directory == '/':
-            break
-        directory = os.path.dirname(directory)
-    if before is None or read_starttime(pid, proc_root) != before:
-        return None
-    return os.path.basename(path)
+    path = ident.exe.path
+    return os.path.basename(path[:-len(' (deleted)')] if ident.exe.deleted else path)
 
 
 def scheduler_daemon(proc_root='/proc'):
@@ -476,31 +426,13 @@ def scheduler_daemon(proc_root='/proc'):
     return None
 
 
-def _read_bytes(path, limit=None):
-    """The whole file (at most ``limit`` bytes) through os.open/os.read: /proc files are small, and
-    a buffered file object costs more than the read itself when thousands are read per snapshot."""
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
-    try:
-        chunks = []
-        size = 0
-        while limit is None or size < limit:
-            chunk = os.read(fd, 65536 if limit is None else min(65536, limit - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return chunks[0] if len(chunks) == 1 else b''.join(chunks)
-    finally:
-        os.close(fd)
-
-
 def _read_text(path):
     return _read_bytes(path).decode('utf-8', 'replace')
 
 
 def _boot_time(proc_root):
     try:
-        for line in _read_text(os.path.join(proc_root, 'stat')).splitlines():
+        for line in kernel_lines(_read_text(os.path.join(proc_root, 'stat'))):
             if line.startswith('btime '):
                 return int(line.split()[1])
     except (OSError, ValueError, IndexError):
@@ -526,39 +458,36 @@ def user_uid(name):
         return None
 
 
-def read_proc_files(pid, proc_root='/proc', cmdline_limit=None):
-    """Read /proc/PID directly: ``{'stat': parse_stat(), 'uid': real uid, 'cmdline': [...], 'exe': path}``.
-
-    None when the process does not exist (or its stat cannot be parsed).  ``uid``, ``cmdline`` and
-    ``exe`` are None when they cannot be read (``exe`` needs ptrace access to other users' processes).
-    ``cmdline_limit`` bounds the bytes read from the command line.
-    """
-    base = os.path.join(proc_root, str(pid))
+def read_cmdline(pid, proc_root='/proc', limit=None):
+    """The command line of ``pid`` as a list of texts (at most ``limit`` bytes read), None when unreadable."""
     try:
-        stat = parse_stat(_read_text(os.path.join(base, 'stat')))
-    except (OSError, ValueError, IndexError):
+        raw = _read_bytes(os.path.join(proc_root, str(pid), 'cmdline'), limit or None)
+    except OSError:
         return None
-    uid = None
-    try:
-        for line in _read_text(os.path.join(base, 'status')).splitlines():
-            if line.startswith('Uid:'):
-                uid = int(line.split()[1])
-                break
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        raw = _read_bytes(os.path.join(base, 'cmdline'), cmdline_limit or None)
-        parts = raw.decode('utf-8', 'replace').split('\x00')
-        if parts and parts[-1] == '':
-            parts = parts[:-1]
-        cmdline = parts
-    except OSError:
-        cmdline = None
-    try:
-        exe = os.readlink(os.path.join(base, 'exe'))
-    except OSError:
-        exe = None
-    return {'stat': stat, 'uid': uid, 'cmdline': cmdline, 'exe': exe}
+    parts = raw.decode('utf-8', 'replace').split('\x00')
+    if parts and parts[-1] == '':
+        parts = parts[:-1]
+    return parts
+
+
+def read_proc_files(pid, proc_root='/proc', cmdline_limit=None, dir_cache=None):
+    """Read /proc/PID directly: ``{'stat': {comm, state, ppid, session, flags, starttime}, 'uid': real uid,
+    'cmdline': [...], 'exe': path, 'identity': identity.Identity}``.
+
+    None when the process does not exist, its stat cannot be parsed, or its pid named another
+    process by the end of the read (``identity.read_identity``: the start time is read first and
+    checked last).  ``uid``, ``cmdline`` and ``exe`` are None when they cannot be read (``exe``
+    needs ptrace access to other users' processes).  ``cmdline_limit`` bounds the bytes read from
+    the command line.
+    """
+    ident, cmdline = read_identity(pid, proc_root, during=lambda: read_cmdline(pid, proc_root, cmdline_limit),
+                                   dir_cache=dir_cache)
+    if ident is None:
+        return None
+    stat = {'comm': ident.comm, 'state': ident.state, 'ppid': ident.ppid, 'session': ident.session, 'flags': ident.flags,
+            'starttime': ident.starttime}
+    return {'stat': stat, 'uid': ident.uid, 'cmdline': cmdline, 'exe': ident.exe.path if ident.exe is not None else None,
+            'identity': ident}
 
 
 # ---------------------------------------------------------------------------- the inventory
@@ -600,7 +529,9 @@ class ProcessInventory(object):
     False only the wanted pids' fds are read (their ``device_paths``), which is much cheaper.
     """
 
-    PSUTIL_ATTRS = ('pid', 'ppid', 'name', 'exe', 'cmdline', 'username', 'uids', 'create_time', 'status')
+    # No 'uids' or 'username': the owner comes from identity.read_identity (psutil's status parser
+    # splits at '\r' too, which a process name may hold).
+    PSUTIL_ATTRS = ('pid', 'ppid', 'name', 'exe', 'cmdline', 'create_time', 'status')
 
     def __init__(self, dev_roots=None, proc_root='/proc', use_psutil=None, exclude_pids=None, scan_fds=True,
                  scan_holders=True, cgroup_root=DEFAULT_CGROUP_ROOT):
@@ -618,6 +549,7 @@ class ProcessInventory(object):
         self._btime = None
         self._ticks = 100.0
         self._users = {}          # uid -> login name: one passwd lookup per user, not per process
+        self._dirs = {}           # directory -> writable by a user (identity.dirs_writable), per inventory
 
     def scan(self, pids=()):
         """One pass: fd scan of every process, then records for ``pids`` and every holder."""
@@ -646,13 +578,9 @@ class ProcessInventory(object):
 
     # ------------------------------------------------------------------ one record
     def record(self, pid):
-        """A ProcessRecord for ``pid`` (status ``not_found`` when this host does not see it)."""
-        rec = self._record_psutil(pid) if self.use_psutil else self._record_proc(pid)
-        if rec.found:
-            rec.container, rec.slurm_job = self._cgroup(pid)
-            if rec.starttime is None:
-                rec.starttime = read_starttime(pid, self.proc_root)
-        return rec
+        """A ProcessRecord for ``pid`` (status ``not_found`` when this host does not see it, or when its
+        pid named another process by the end of the read: nothing of one process is charged to another)."""
+        return self._record_psutil(pid) if self.use_psutil else self._record_proc(pid)
 
     def _cgroup(self, pid):
         try:
@@ -660,41 +588,61 @@ class ProcessInventory(object):
         except OSError:
             return None, None
 
+    def _user(self, uid):
+        """The login name of ``uid`` (one passwd lookup per user, not per process); None for None."""
+        if uid is None:
+            return None
+        name = self._users.get(uid)
+        if name is None:
+            name = self._users[uid] = user_name(uid)
+        return name
+
     def _record_psutil(self, pid):
+        """psutil's fields, read between the identity's two start-time reads (identity.read_identity);
+        the owner comes from the identity (/proc/PID/status), never from psutil's own parsing."""
         psutil = load_psutil()
+
+        def details():
+            try:
+                info = psutil.Process(pid).as_dict(attrs=list(self.PSUTIL_ATTRS), ad_value=None)
+            except psutil.AccessDenied:
+                info = {}
+            return info, self._cgroup(pid)
+
         try:
-            proc = psutil.Process(pid)
-            info = proc.as_dict(attrs=list(self.PSUTIL_ATTRS), ad_value=None)
+            ident, found = read_identity(pid, self.proc_root, during=details, dir_cache=self._dirs)
         except psutil.NoSuchProcess:
             return ProcessRecord(pid=pid)
-        except psutil.AccessDenied:
-            return ProcessRecord(pid=pid, status='unknown')
-        uids = info.get('uids')
+        if ident is None:
+            return ProcessRecord(pid=pid)
+        info, (container, slurm_job) = found
         cmdline = info.get('cmdline')
         return ProcessRecord(
             pid=pid,
-            status=info.get('status') or 'unknown',
-            user=info.get('username'),
-            uid=uids.real if uids is not None else None,
-            name=info.get('name'),
+            status=info.get('status') or _STATES.get(ident.state, 'unknown'),
+            user=self._user(ident.uid),
+            uid=ident.uid,
+            name=info.get('name') or ident.comm,
             cmdline=list(cmdline) if cmdline is not None else None,
             create_time=info.get('create_time'),
-            ppid=info.get('ppid'),
+            starttime=ident.starttime,
+            ppid=info.get('ppid') if info.get('ppid') is not None else ident.ppid,
             exe=info.get('exe') or None,
+            container=container,
+            slurm_job=slurm_job,
+            identity=ident,
         )
 
     def _record_proc(self, pid):
-        files = read_proc_files(pid, self.proc_root)
-        if files is None:
+        ident, found = read_identity(pid, self.proc_root, during=lambda: (read_cmdline(pid, self.proc_root), self._cgroup(pid)),
+                                     dir_cache=self._dirs)
+        if ident is None:
             return ProcessRecord(pid=pid)
-        stat = files['stat']
-        rec = ProcessRecord(pid=pid, status=_STATES.get(stat['state'], stat['state']), name=stat['comm'],
-                            ppid=stat['ppid'], starttime=stat['starttime'], uid=files['uid'], cmdline=files['cmdline'],
-                            exe=files['exe'])
-        if rec.uid is not None:
-            rec.user = self._users.get(rec.uid)
-            if rec.user is None:
-                rec.user = self._users[rec.uid] = user_name(rec.uid)
+        cmdline, (container, slurm_job) = found
+        rec = ProcessRecord(pid=pid, status=_STATES.get(ident.state, ident.state), name=ident.comm, ppid=ident.ppid,
+                            starttime=ident.starttime, uid=ident.uid, user=self._user(ident.uid), cmdline=cmdline,
+                            exe=ident.exe.path if ident.exe is not None else None, container=container,
+                            slurm_job=slurm_job, identity=ident)
         if self._btime is None:
             self._btime = _boot_time(self.proc_root)
             try:
@@ -702,7 +650,7 @@ class ProcessInventory(object):
             except (ValueError, OSError, AttributeError):
                 self._ticks = 100.0
         if self._btime is not None:
-            rec.create_time = round(self._btime + stat['starttime'] / self._ticks, 2)
+            rec.create_time = round(self._btime + ident.starttime / self._ticks, 2)
         if rec.status == NOT_FOUND:
             rec.status = 'unknown'
         return rec

@@ -129,6 +129,11 @@ def plan(snapshot, selector, options, protection, idle_since=None, now=None, pro
         if proc.starttime is not None and info.starttime != proc.starttime:
             result.skipped.append(_skip(record, 'pid %d was reused by another process since discovery: not signalled' % proc.pid))
             continue
+        if getattr(proc, 'identity', None) is not None and proc.uid is not None and info.uid != proc.uid:
+            # selected as one user's (users=, a quota) but another uid owns it now (setuid, or unreadable)
+            result.skipped.append(_skip(record, 'pid %d was selected as uid %d\'s but is now owned by uid %s: not signalled' % (
+                proc.pid, proc.uid, 'unknown' if info.uid is None else info.uid)))
+            continue
         if not match.orphan and getattr(proc, 'holds_gpu_device', None) is False:
             result.skipped.append(_skip(record, 'pid %d here holds no GPU device file, so the driver\'s pid %d is probably a '
                                                 'process in another PID namespace: not signalled' % (proc.pid, proc.pid)))

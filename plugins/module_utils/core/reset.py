@@ -41,6 +41,7 @@ from .backends import amd as amd_backend
 from .backends import nvidia as nvidia_backend
 from .backends.base import error_text, pci_bdf
 from .errors import InvalidArgument
+from .identity import name_trusted
 from .killer import DEFAULT_PROTECT_NAMES
 from .reclaim import ReclaimOptions, reclaim
 from .select import Selector
@@ -290,7 +291,13 @@ def _names(proc):
 
 
 def blocking_client(proc):
-    """(client name, suggested unit) when ``proc`` is a known reset-blocking client, else None."""
+    """(client name, suggested unit) when ``proc`` is a known reset-blocking client, else None.
+
+    Only a process that a user could not have named so counts (identity.name_trusted): a user's
+    process named nv-hostengine is one of the GPU's processes, not a service to stop.
+    """
+    if not name_trusted(getattr(proc, 'identity', None)):
+        return None
     for name in _names(proc):
         for client, unit in BLOCKING_CLIENTS:
             if name == client or (len(name) == COMM_LEN and client.startswith(name)):

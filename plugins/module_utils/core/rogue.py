@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional
 from . import notify, rogue_rules as R, safe_files
 from .errors import GpuFleetError, InvalidArgument, MissingLibrary
 from .exe_hash import ExeHashes
+from .identity import kernel_lines
 from .processes import scheduler_daemon
 from .select import MAX_MATCH_TEXT, compile_regex
 from .select import _human  # one duration formatter for the core's messages
@@ -1372,7 +1373,7 @@ def summarize(findings, evaluated=None):
 def parse_proc_net_tcp(text, ipv6=False):
     """{inode: Connection} from /proc/PID/net/tcp or tcp6 text (remote side, any state)."""
     conns = {}
-    for line in text.splitlines()[1:]:
+    for line in kernel_lines(text)[1:]:
         parts = line.split()
         if len(parts) < 10:
             continue
@@ -1409,7 +1410,7 @@ def parse_environ(data):
 def parse_maps(text):
     libs = []
     seen = set()
-    for count, line in enumerate(text.splitlines()):
+    for count, line in enumerate(kernel_lines(text)):  # file names are users' text: the kernel escapes only '\n'
         if count >= MAX_MAPS_LINES:
             break
         parts = line.split(None, 5)

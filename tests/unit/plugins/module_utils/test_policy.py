@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import identity as I
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import toml_lite
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
@@ -655,13 +656,52 @@ def test_exemption_limited_to_some_rules():
     assert rules(found) == ['max_mem_total']
 
 
+def kernel_identity(pid, uid, exe_uid=0, exe_mode=0o100755, dir_writable=False):
+    """An identity.Identity as the kernel would report it: ``uid`` for all four uids, the executable's owner and mode."""
+    exe = I.ExeIdentity('/usr/sbin/daemon', False, 2049, 1000 + pid, exe_uid, exe_mode, dir_writable)
+    return I.Identity(pid, pid * 10, 'S', 1, pid, 0, 'daemon', (uid,) * 4, exe)
+
+
 def test_protected_processes_are_not_counted_or_named():
-    policy = load('defaults: {max_mem_gib_total: 1}\nprotect:\n  - {user: svc}\n  - {uid_below: 1000}\n  - {name: my-daemon}\n')
-    snap = snapshot([proc(1, 'svc', {0: 9 * GIB}), proc(2, 'sysd', {0: 9 * GIB}, uid=120), proc(3, 'eve', {0: 9 * GIB}, name='my-daemon'),
-                     proc(4, 'eve', {1: 9 * GIB}, name='Xorg'), proc(5, 'eve', {2: 9 * GIB})])
+    # Names protect only what a system account runs from a root-owned executable (issue 15): eve's
+    # processes named my-daemon and Xorg are charged even with a trusted executable; the daemon's are not.
+    policy = load('defaults: {max_mem_gib_total: 1}\nprotect:\n  - {user: svc}\n  - {uid_below: 100}\n  - {name: my-daemon}\n')
+    snap = snapshot([proc(1, 'svc', {0: 9 * GIB}), proc(2, 'sysd', {0: 9 * GIB}, uid=50),
+                     proc(3, 'daemon', {0: 9 * GIB}, name='my-daemon', uid=120), proc(4, 'daemon', {1: 9 * GIB}, name='Xorg', uid=120),
+                     proc(5, 'eve', {2: 9 * GIB}), proc(6, 'eve', {3: 9 * GIB}, name='my-daemon', uid=1001),
+                     proc(7, 'eve', {3: 9 * GIB}, name='Xorg', uid=1001)])
+    for entry in snap.processes:
+        entry.identity = kernel_identity(entry.pid, entry.uid)
     found, notes = P.evaluate_detailed(policy, snap, {}, MONDAY_NOON, NO_GROUPS)
-    assert [(v.user, v.pids) for v in found] == [('eve', [5])]
-    assert any('protected' in note for note in notes)
+    assert [(v.user, v.pids) for v in found] == [('eve', [7, 6, 5])]
+    assert 'pid 3 (daemon): protected name my-daemon; quota rules skip it' in notes
+    assert 'pid 4 (daemon): protected name Xorg; quota rules skip it' in notes
+
+
+@pytest.mark.parametrize('identity, why', [
+    (None, 'no kernel-read identity (a record made by hand)'),
+    (kernel_identity(3, 120, exe_uid=1001), 'an executable the user owns'),
+    (kernel_identity(3, 120, exe_mode=0o100777), 'an executable others may write'),
+    (kernel_identity(3, 120, dir_writable=True), 'an executable in a directory users may write'),
+    (kernel_identity(3, 120, dir_writable=None), 'an executable whose directories cannot be examined'),
+    (I.Identity(3, 30, 'S', 1, 3, 0, 'Xorg', (120, 0, 1001, 120), kernel_identity(3, 120).exe), 'a saved uid of a user'),
+    (I.Identity(3, 30, 'S', 1, 3, 0, 'Xorg', None, kernel_identity(3, 120).exe), 'an unknown owner'),
+])
+def test_a_protected_name_needs_a_system_account_and_a_root_owned_executable(identity, why):
+    policy = load('defaults: {max_mem_gib_total: 1}\nprotect: [{exe: /usr/sbin/daemon}]\n')
+    snap = snapshot([proc(3, 'daemon', {0: 9 * GIB}, name='Xorg', uid=120, exe='/usr/sbin/daemon')])
+    snap.processes[0].identity = identity
+    assert [v.pids for v in P.evaluate(policy, snap, {}, MONDAY_NOON, NO_GROUPS)] == [[3]], why
+
+
+def test_a_process_whose_owner_is_unknown_is_charged_to_a_pseudo_owner():
+    policy = load('defaults: {max_mem_gib_total: 12}\n')
+    snap = snapshot([proc(1, 'bob', {0: 10 * GIB}), proc(2, 'alice', {1: 4 * GIB}), proc(3, 'carol', {2: 13 * GIB})])
+    snap.processes[2].user = snap.processes[2].uid = None
+    found, notes = P.evaluate_detailed(policy, snap, {}, MONDAY_NOON, NO_GROUPS)
+    assert [(v.user, v.pids, v.procs[0]['user']) for v in found] == [(I.UNKNOWN_OWNER, [3], I.UNKNOWN_OWNER)]
+    assert 'pid 3: owner unknown; charged to uid:unknown' in notes
+    assert snap.processes[2].user is None  # the snapshot itself is not rewritten
 
 
 # ============================================================================ allocation and rogue
