@@ -21,9 +21,11 @@ python -c 'import ansible_runner' || { echo "ansible-runner is needed: pip insta
 
 # The project sync: AWX installs the project's collections/requirements.yml into the project cache's
 # requirements_collections/ and copies it into each job's private_data_dir. Offline here: the
-# collection under test, built and installed as Galaxy would deliver it.
+# collection under test, built and installed as Galaxy would deliver it. From here on only that copy
+# is on the collections path (each job's env/envvars points at its own copy of it).
 ansible-galaxy collection build --output-path "$WORK" "$COLL"
-ansible-galaxy collection install -p "$WORK/cache/requirements_collections" "$WORK"/gpufleet-reclaim-*.tar.gz
+export ANSIBLE_COLLECTIONS_PATH="$WORK/cache/requirements_collections"
+ansible-galaxy collection install -p "$ANSIBLE_COLLECTIONS_PATH" "$WORK"/gpufleet-reclaim-*.tar.gz
 mkdir "$WORK/jobs"
 python awx_runner_test.py --fleet "$WORK/fleet" --cache "$WORK/cache" --awx "$COLL/extras/awx" \
   --project "$COLL/extras/awx/project" --jobs "$WORK/jobs"
