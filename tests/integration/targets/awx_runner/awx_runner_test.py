@@ -99,8 +99,9 @@ def survey_extra_vars(spec, answers):
 class Job(object):
     """One finished job: its private_data_dir, the runner, the events the handler got, the statuses."""
 
-    def __init__(self, pdd, ident, runner, handled, statuses):
+    def __init__(self, pdd, ident, runner, handled, statuses, args):
         self.pdd = pdd
+        self.args = args
         self.ident = ident
         self.runner = runner
         self.handled = handled
@@ -213,7 +214,7 @@ class Awx(object):
         runner = ansible_runner.run(private_data_dir=pdd, ident=ident, playbook=jt['playbook'], inventory=hosts,
                                     event_handler=lambda event: handled.append(event) or True,
                                     status_handler=lambda data, runner_config: statuses.append(data['status']))
-        job = Job(pdd, ident, runner, handled, statuses)
+        job = Job(pdd, ident, runner, handled, statuses, args)
         print(job.stdout[-6000:])
         print('### job %s: %s rc=%s in %.1f s' % (ident, runner.status, runner.rc, time.monotonic() - begun), flush=True)
         check_job(job)
@@ -233,6 +234,15 @@ def check_job(job):
     for name, content in (('rc', '0'), ('status', 'successful')):
         with open(os.path.join(job.artifacts, name), encoding='utf-8') as handle:
             assert handle.read().strip() == content, name
+    with open(os.path.join(job.artifacts, 'command'), encoding='utf-8') as handle:
+        command = json.load(handle)
+    # ansible-runner starts the playbook in the project directory, with the job's inventory, extra vars and cmdline
+    assert command['cwd'] == os.path.join(job.pdd, 'project'), command['cwd']
+    argv = command['command']
+    assert os.path.basename(argv[0]) == 'ansible-playbook' and argv[-1].endswith('.yml'), argv
+    for pair in (['-i', os.path.join(job.pdd, 'inventory', 'hosts')], ['-e', '@' + os.path.join(job.pdd, 'env', 'extravars')]):
+        assert any(argv[i:i + 2] == pair for i in range(len(argv))), (pair, argv)
+    assert [a for a in argv if a.startswith('-') and a not in ('-i', '-e')] == [a for a in job.args if a.startswith('-')], argv
     files = sorted(os.listdir(os.path.join(job.artifacts, 'job_events')))
     assert len(files) == len(job.events) == len(job.handled) > 0, (len(files), len(job.events), len(job.handled))
     assert sorted(e['uuid'] for e in job.events) == sorted(e['uuid'] for e in job.handled)
@@ -302,6 +312,7 @@ def test_rogue_cleanup(awx):
     res = job.kill_results()['node02']
     assert res['changed'] and [(p['pid'], p['user']) for p in res['killed']] == [(miner, 'eve')], res
     assert res['killed'][0]['signals'] == ['SIGTERM'], res['killed']
+    assert res['invocation']['module_args']['timeout'] == 10, 'the survey default kill_timeout (integer 10) was not used'
     assert job.changed() == {'node01': 0, 'node02': 1, 'localhost': job.changed()['localhost']}, job.changed()
     assert not awx.alive('miner'), 'the miner survived the confirmed job'
     assert awx.alive('train1') and awx.alive('train2'), 'a legitimate job was killed'
