@@ -259,6 +259,8 @@ def test_a_policy_past_the_document_limits_is_logged_and_alerts(tmp_path, text, 
     """Not an uncaught RecursionError (or minutes of alias expansion): the invalid-policy record and policy_valid 0."""
     node = Node(tmp_path)
     node.tick()
+    if text == DEEP_TOML:
+        node.paths.policy = node.paths.policy[:-len('.yaml')] + '.toml'  # the extension names the format
     node.write_policy(text)
     summary = node.tick(60)
     assert summary['rc'] == 1 and why in summary['error'] and 'decisions' not in summary

@@ -325,7 +325,7 @@ def test_policy_past_the_document_limits_fails_like_check_config(node, monkeypat
     def no_snapshot(**_kwargs):
         raise AssertionError('a bad policy must fail before the node is examined')
     monkeypatch.setattr(gpu_audit, 'take_snapshot', no_snapshot)
-    path = node['tmp'] / 'policy.toml'
+    path = node['tmp'] / ('policy.toml' if kind == 'toml-file' else 'policy.yaml')
     if kind == 'toml-file':
         path.write_text(DEEP_TOML)
     elif kind == 'alias-bomb-file':
