@@ -115,12 +115,12 @@ class PolicyError(InvalidArgument):
     None concerns the whole document (cannot read it, a syntax error): it is printed as
     ``source: why``."""
 
-    def __init__(self, errors, source='<policy>', lines=None):
+    def __init__(self, errors, source='<policy>', lines=None, what='policy'):
         self.errors = [tuple(item[:3]) for item in errors]
         self.lines = [item[3] if len(item) > 3 else None for item in errors]
         self.source = source
-        first = self.errors[0] if self.errors else ('', None, 'invalid policy')
-        super(PolicyError, self).__init__(first[0] or 'policy', first[1], first[2])
+        first = self.errors[0] if self.errors else ('', None, 'invalid %s' % what)
+        super(PolicyError, self).__init__(first[0] or what, first[1], first[2])
         self.add_lines(lines)
 
     def add_lines(self, lines):
@@ -2216,8 +2216,18 @@ def read_document(text, source='<policy>'):
     return read_document_lines(text, source)[0]
 
 
-def read_document_lines(text, source='<policy>'):
-    """(data, {path: line}) of ``text``: read_document, with the line of each path (YAML only)."""
+def read_document_lines(text, source='<policy>', what='policy'):
+    """(data, {path: line}) of ``text``: read_document, with the line of each path (YAML only).
+    ``what`` the document is (policy, settings) names the field of its PolicyError."""
+    try:
+        return _read_document_lines(text, source)
+    except PolicyError as exc:
+        if what != 'policy' and exc.field == 'policy':
+            exc.field = what
+        raise
+
+
+def _read_document_lines(text, source):
     if isinstance(text, bytes):
         try:
             text = text.decode('utf-8')
