@@ -2525,12 +2525,19 @@ def _gpus_of(proc):
     return list(proc.gpu_indexes or [])
 
 
-def _fmt_mib(value):
+def _fmt_mib(value, other=None):
+    """A size for people; with ``other`` (the size it is compared with), precise enough to show that
+    they differ (19.5 GiB against 19.5 GiB would hide it: then MiB, or MiB with decimals)."""
     if value is None:
         return 'unknown'
-    if value >= 1024:
-        return '%.1f GiB' % (value / 1024.0)
-    return '%d MiB' % value
+    text = '%.1f GiB' % (value / 1024.0) if value >= 1024 else '%d MiB' % value
+    if other is None or value == other or text != _fmt_mib(other):
+        return text
+    for digits in (0, 3):
+        text = '%.*f MiB' % (digits, value)
+        if text != '%.*f MiB' % (digits, other):
+            return text
+    return text
 
 
 def _human_s(seconds):
@@ -2620,7 +2627,7 @@ def _user_rules(run, user, procs):
                 out.append(Violation('max_mem_per_gpu', 'user:%s' % user, total, lim.max_mem_mib_per_gpu, action,
                                      [p.pid for p in chosen], user=user, gpu=gpu, unit='MiB',
                                      message='%s uses %s on GPU %d, more than the %s allowed per GPU' % (
-                                         user, _fmt_mib(total), gpu, _fmt_mib(lim.max_mem_mib_per_gpu)),
+                                         user, _fmt_mib(total, lim.max_mem_mib_per_gpu), gpu, _fmt_mib(lim.max_mem_mib_per_gpu, total)),
                                      procs=[_describe(p, gpu) for p in chosen]))
     if lim.max_mem_mib_total is not None:
         cand = run.eligible(procs, 'max_mem_total')
@@ -2631,7 +2638,7 @@ def _user_rules(run, user, procs):
             out.append(Violation('max_mem_total', 'user:%s' % user, total, lim.max_mem_mib_total, action,
                                  [p.pid for p in chosen], user=user, unit='MiB',
                                  message='%s uses %s of GPU memory in total, more than the %s allowed' % (
-                                     user, _fmt_mib(total), _fmt_mib(lim.max_mem_mib_total)),
+                                     user, _fmt_mib(total, lim.max_mem_mib_total), _fmt_mib(lim.max_mem_mib_total, total)),
                                  procs=[_describe(p) for p in chosen]))
     if lim.max_gpus is not None:
         cand = run.eligible(procs, 'max_gpus')
@@ -2747,7 +2754,7 @@ def _group_rules(run, by_user):
                 chosen = fewest_by_size(items, limit)
                 out.append(Violation('group_max_mem_total', subject, total, limit, action, [p.pid for p in chosen], unit='MiB',
                                      message='group %s uses %s of GPU memory, more than the %s allowed' % (
-                                         group.name, _fmt_mib(total), _fmt_mib(limit)),
+                                         group.name, _fmt_mib(total, limit), _fmt_mib(limit, total)),
                                      procs=[_describe(p) for p in chosen]))
         limit = group.aggregate.get('group_max_gpus')
         if limit is not None:
@@ -2816,7 +2823,7 @@ def _gpu_rules(run, quota):
                     out.append(Violation('gpu_max_mem_total', 'gpu:%d' % gpu, total, rule.max_mem_mib_total, action,
                                          [p.pid for p in chosen], gpu=gpu, unit='MiB',
                                          message='GPU %d holds %s of process memory, more than the %s allowed on it' % (
-                                             gpu, _fmt_mib(total), _fmt_mib(rule.max_mem_mib_total)),
+                                             gpu, _fmt_mib(total, rule.max_mem_mib_total), _fmt_mib(rule.max_mem_mib_total, total)),
                                          procs=[_describe(p, gpu) for p in chosen]))
     return out
 
