@@ -2160,7 +2160,7 @@ def _read_json(text, source):
 
 _TOML = []
 TOML_MISSING = ('reading TOML needs Python 3.11+ (tomllib) or the tomli package: install tomli, '
-                'or write the document in YAML')
+                'or write the policy in YAML')
 
 
 def toml_module():

@@ -397,6 +397,15 @@ def test_toml_without_tomllib_or_tomli_names_the_package(monkeypatch):
 
 
 # ============================================================================ memory, GPUs, processes
+def test_memory_messages_show_the_difference_rounding_would_hide():
+    found = evaluate('users: {alice: {max_mem_gib_total: 19.5}}', snapshot([proc(1, 'alice', {0: 19.5 * GIB + 1})]))
+    assert found[0].message == 'alice uses 19969 MiB of GPU memory in total, more than the 19968 MiB allowed'
+    found = evaluate('users: {alice: {max_mem_mib_total: 100}}', snapshot([proc(1, 'alice', {0: 100.25})]))
+    assert 'uses 100.250 MiB of GPU memory in total, more than the 100.000 MiB allowed' in found[0].message
+    found = evaluate('users: {alice: {max_mem_gib_total: 19.5}}', snapshot([proc(1, 'alice', {0: 24 * GIB})]))
+    assert 'uses 24.0 GiB of GPU memory in total, more than the 19.5 GiB allowed' in found[0].message
+
+
 def test_max_mem_per_gpu_names_only_the_offending_process():
     policy = 'users: {alice: {max_mem_gib_per_gpu: 8}}'
     snap = snapshot([proc(1, 'alice', {0: 12 * GIB}), proc(2, 'alice', {1: 6 * GIB}), proc(3, 'bob', {0: 40 * GIB})])
