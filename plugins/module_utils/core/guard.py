@@ -32,7 +32,7 @@ import os
 import time
 
 from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod, safe_files
-from .errors import GpuFleetError, InvalidArgument
+from .errors import GpuFleetError, InvalidArgument  # pylint: disable=unused-import  # load_settings raises InvalidArgument (a PolicyError)
 from .exe_hash import ExeHashes
 from .processes import user_uid
 

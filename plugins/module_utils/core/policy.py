@@ -2043,8 +2043,9 @@ def _read_document(text, source):
             except PolicyError as exc:
                 if exc.lines[0] is None:
                     raise  # nested too deep
-                raise PolicyError([('', None, 'reading YAML needs PyYAML (python3-yaml), and this is not JSON either (%s): '
-                                               'install PyYAML, or write the document in JSON' % exc.errors[0][2])], source)
+                why = ('reading YAML needs PyYAML (python3-yaml), and this is not JSON either (%s): '
+                       'install PyYAML, or write the document in JSON' % exc.errors[0][2])
+                raise PolicyError([('', None, why)], source)
         return _read_yaml(text, source)
     try:
         data, lines = _read_yaml(text, source) if yaml_module() is not None else (_read_json(text, source), {})
