@@ -247,8 +247,7 @@ def cmd_check_config(args, out, stdin=None):
             policy = policy_mod.load_policy(args.file)
     except policy_mod.PolicyError as exc:
         if args.json:
-            _print_json({'valid': False, 'errors': [{'file': exc.source, 'path': p, 'value': repr(v), 'why': w}
-                                                    for p, v, w in exc.errors]}, out)
+            _print_json({'valid': False, 'errors': exc.problems()}, out)
         else:
             sys.stderr.write(printable_lines(exc) + '\n')
         return 1
