@@ -48,7 +48,7 @@ DEFAULT_PATHS = {
     'history': '/var/lib/gpufleet/history.db',
     'allocations': '/run/gpufleet/allocations.json',
 }
-SETTINGS_KEYS = ('vendor', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path', 'lock_path',
+SETTINGS_KEYS = ('vendor', 'policy_path', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path', 'lock_path',
                  'webhook_url', 'webhook_allow_http', 'webhook_timeout', 'release_timeout', 'history_retention_days')
 MAX_TRACKED = 10000
 
@@ -119,6 +119,8 @@ def load_settings(path, paths):
     for key, value in data.items():
         if key not in SETTINGS_KEYS:
             errors.append((key, value, 'unknown setting; expected one of %s' % ', '.join(SETTINGS_KEYS)))
+        elif key == 'policy_path' and value in (None, ''):
+            errors.append((key, value, 'expected the absolute path of the policy file (the policy cannot be turned off)'))
         elif key.endswith('_path'):
             if value not in (None, '') and (not isinstance(value, str) or not value.startswith('/')):
                 errors.append((key, value, 'expected an absolute path (or an empty value to turn it off)'))

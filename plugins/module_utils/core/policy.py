@@ -2056,18 +2056,36 @@ def _read_document(text, source):
                        'install PyYAML, or write the document in JSON' % exc.errors[0][2])
                 raise PolicyError([('', None, why)], source)
         return _read_yaml(text, source)
+    return _sniffed(text, source)[1:]
+
+
+def _sniffed(text, source):
+    """('yaml'|'json'|'toml', data, lines) of unnamed input: YAML (or, without PyYAML, JSON) first,
+    TOML when that fails on a document that looks like TOML, or yields no mapping or list."""
     try:
-        data, lines = _read_yaml(text, source) if yaml_module() is not None else (_read_json(text, source), {})
+        if yaml_module() is not None:
+            data, lines = _read_yaml(text, source)
+            syntax = 'yaml'
+        else:
+            data, lines, syntax = _read_json(text, source), {}, 'json'
     except PolicyError:
         if not _looks_like_toml(text):
             raise
-        return _read_toml(text, source), {}
+        return 'toml', _read_toml(text, source), {}
     if data is None or isinstance(data, (dict, list)):
-        return data, lines
+        return syntax, data, lines
     try:
-        return _read_toml(text, source), {}
+        return 'toml', _read_toml(text, source), {}
     except PolicyError:
         raise PolicyError([('', _show(data), 'a policy is a mapping (or a list of shorthand rules), got %s' % _type(data))], source)
+
+
+def document_syntax(text, source):
+    """'yaml', 'json' or 'toml': the parser that reads ``text`` (the extension of ``source``, else the
+    one that sniffing picks, as the loaders do).  Raises PolicyError when none reads it."""
+    if isinstance(text, bytes):
+        text = text.decode('utf-8', 'replace')
+    return document_format(source) or _sniffed(text, source)[0]
 
 
 def document_format(source):

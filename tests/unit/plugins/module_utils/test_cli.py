@@ -124,6 +124,17 @@ def test_check_config_sniffs_only_unnamed_input(monkeypatch, capsys):
     assert capsys.readouterr().err == '<stdin>: line 3, column 18: YAML syntax error: mapping values are not allowed here\n'
 
 
+def test_check_config_json_names_the_syntax_it_read(monkeypatch, tmp_path):
+    """The guard role names the policy file after this (policy.toml for a TOML text given as a string)."""
+    for text, syntax in ((b'[global]\ndry_run = true\n', 'toml'), (b'mode: warn\n', 'yaml'), (b'{"mode": "warn"}', 'yaml')):
+        monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(text)))
+        rc, out = run(['check-config', '--json', '-'])
+        assert rc == 0 and json.loads(out)['syntax'] == syntax, text
+    path = tmp_path / 'p.json'
+    path.write_text('{"mode": "warn"}')
+    assert json.loads(run(['check-config', '--json', str(path)])[1])['syntax'] == 'json'
+
+
 def test_check_config_missing_file_is_one_plain_line(tmp_path, capsys):
     path = tmp_path / 'etc' / 'policy.yaml'
     rc, _out = run(['check-config', str(path)])

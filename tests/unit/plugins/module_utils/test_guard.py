@@ -394,6 +394,15 @@ def test_settings_file(tmp_path):
     assert paths.metrics == '/srv/m.prom' and paths.history is None
     assert settings.webhook_url == 'https://h.example/x' and settings.webhook_timeout == 3.0
     with open(paths.settings, 'w') as handle:
+        handle.write('policy_path: /etc/gpufleet/policy.toml\n')
+    guard.load_settings(paths.settings, paths)
+    assert paths.policy == '/etc/gpufleet/policy.toml'              # the role names a TOML policy's file
+    with open(paths.settings, 'w') as handle:
+        handle.write('policy_path: ""\n')
+    with pytest.raises(guard.InvalidArgument) as info:
+        guard.load_settings(paths.settings, paths)
+    assert 'the policy cannot be turned off' in str(info.value)
+    with open(paths.settings, 'w') as handle:
         handle.write('colour: blue\nvendor: ati\nmetrics_path: rel/m.prom\nrelease_timeout: -1\n')
     with pytest.raises(guard.InvalidArgument) as info:
         guard.load_settings(paths.settings, paths)
