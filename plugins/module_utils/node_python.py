@@ -117,8 +117,11 @@ def respawn_if_needed(module, record=RECORD, default=DEFAULT_INTERPRETER, dev_ro
     the node needs and the recorded (or default) interpreter passes the checks and imports every one
     the node needs, re-run the module under it (this process then exits with the new one's status).
     Otherwise return, after warning why a record or interpreter that exists was not used.  Never
-    respawns a module that has already respawned."""
+    respawns a module that has already respawned: a respawned module only repeats those warnings
+    (the first process's warnings are lost with its output), so a refused record always shows."""
     if has_respawned():
+        for note in find_interpreter(record, default)[1]:
+            module.warn(printable(note))
         return
     needed = needed_modules(dev_roots)
     missing = missing_modules(needed)

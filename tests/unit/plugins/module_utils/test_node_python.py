@@ -226,6 +226,18 @@ def test_a_module_that_has_respawned_never_respawns_again(node, respawns, monkey
     assert respawn(node) == [] and respawns == []
 
 
+
+def test_a_module_respawned_under_the_default_venv_repeats_why_the_record_was_refused(node, respawns, monkeypatch):
+    default = interpreter(node['root'] / 'opt' / 'venv' / 'bin' / 'python')
+    os.chmod(node['record'], 0o664)
+    monkeypatch.setitem(sys.modules, 'pynvml', None)
+    open(os.path.join(node['dev'], 'nvidiactl'), 'w').close()
+    assert respawn(node) == [] and respawns == [str(default)]             # the first process: its warnings would be lost
+    monkeypatch.setattr(node_python, 'has_respawned', lambda: True)
+    (warning,) = respawn(node)                                             # the respawned one says it
+    assert warning.startswith('the interpreter record %s was not used: the file %s is writable by its group' % (node['record'], node['record']))
+
+
 def test_no_respawn_into_an_interpreter_that_lacks_the_library_too(node, respawns, monkeypatch):
     interpreter(node['root'] / 'usr' / 'bin' / 'python3.11', imports=False)
     monkeypatch.setitem(sys.modules, 'pynvml', None)
