@@ -226,7 +226,6 @@ def test_a_module_that_has_respawned_never_respawns_again(node, respawns, monkey
     assert respawn(node) == [] and respawns == []
 
 
-
 def test_a_module_respawned_under_the_default_venv_repeats_why_the_record_was_refused(node, respawns, monkeypatch):
     default = interpreter(node['root'] / 'opt' / 'venv' / 'bin' / 'python')
     os.chmod(node['record'], 0o664)
