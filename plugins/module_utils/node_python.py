@@ -37,6 +37,10 @@ DEFAULT_INTERPRETER = '/opt/gpufleet/venv/bin/python'
 RECORD_LIMIT = 4096
 # The Python module each vendor's backend imports, for the vendors PRESENCE_FILES names.
 VENDOR_MODULES = (('nvidia', 'pynvml'), ('amd', 'amdsmi'))
+# Libraries a backend can do without: the AMD backend reads sysfs and DRM fdinfo when amdsmi (which
+# the prereqs role never installs) is missing.  A module respawns for one only when the recorded
+# interpreter has it, and an interpreter without it is no reason to warn.
+OPTIONAL = ('amdsmi',)
 
 
 def needed_modules(dev_roots=None):
@@ -114,9 +118,10 @@ def find_interpreter(record=RECORD, default=DEFAULT_INTERPRETER, euid=None):
 
 def respawn_if_needed(module, record=RECORD, default=DEFAULT_INTERPRETER, dev_roots=None):
     """Call first in main(), once the AnsibleModule is built.  When this interpreter lacks a library
-    the node needs and the recorded (or default) interpreter passes the checks and imports every one
-    the node needs, re-run the module under it (this process then exits with the new one's status).
-    Otherwise return, after warning why a record or interpreter that exists was not used.  Never
+    the node needs and the recorded (or default) interpreter passes the checks, imports one of those
+    and lacks none but the OPTIONAL ones this one lacks too, re-run the module under it (this process
+    then exits with the new one's status).  Otherwise return, after warning why a record or an
+    interpreter that exists was not used, or which required library it lacks.  Never
     respawns a module that has already respawned: a respawned module only repeats those warnings
     (the first process's warnings are lost with its output), so a refused record always shows."""
     if has_respawned():
@@ -130,9 +135,11 @@ def respawn_if_needed(module, record=RECORD, default=DEFAULT_INTERPRETER, dev_ro
     interpreter, notes = find_interpreter(record, default)
     if interpreter is not None and os.path.abspath(interpreter) != os.path.abspath(sys.executable):
         lacking = [name for name in needed if probe_interpreters_for_module([interpreter], name) is None]
-        if not lacking:
+        required = [name for name in lacking if name not in OPTIONAL or name not in missing]
+        if not required and set(missing) - set(lacking):
             respawn_module(interpreter)
-        notes.append('the interpreter %s cannot import %s either; run the gpufleet.reclaim.prereqs role again'
-                     % (interpreter, ', '.join(lacking)))
+        if required:
+            notes.append('the interpreter %s cannot import %s; run the gpufleet.reclaim.prereqs role again'
+                         % (interpreter, ', '.join(required)))
     for note in notes:
         module.warn(printable(note))

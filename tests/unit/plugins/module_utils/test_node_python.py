@@ -241,8 +241,31 @@ def test_no_respawn_into_an_interpreter_that_lacks_the_library_too(node, respawn
     interpreter(node['root'] / 'usr' / 'bin' / 'python3.11', imports=False)
     monkeypatch.setitem(sys.modules, 'pynvml', None)
     open(os.path.join(node['dev'], 'nvidiactl'), 'w').close()
-    assert respawn(node) == ['the interpreter %s cannot import psutil, pynvml either; run the gpufleet.reclaim.prereqs role again'
+    assert respawn(node) == ['the interpreter %s cannot import psutil, pynvml; run the gpufleet.reclaim.prereqs role again'
                              % node['python']]
+    assert respawns == []
+
+
+def answers(monkeypatch, imports):
+    """The recorded interpreter imports exactly ``imports`` (the probe, faked)."""
+    monkeypatch.setattr(node_python, 'probe_interpreters_for_module', lambda paths, name: paths[0] if name in imports else None)
+
+
+def test_amdsmi_is_optional_no_respawn_and_no_warning_when_neither_interpreter_has_it(node, respawns, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'amdsmi', None)
+    open(os.path.join(node['dev'], 'kfd'), 'w').close()
+    answers(monkeypatch, ('psutil', 'pynvml'))
+    assert respawn(node) == [] and respawns == []          # the AMD backend reads sysfs here as well there
+    open(os.path.join(node['dev'], 'nvidiactl'), 'w').close()
+    monkeypatch.setitem(sys.modules, 'pynvml', None)
+    assert respawn(node) == [] and respawns == [node['python']]   # pynvml is worth it; amdsmi is missing in both
+
+
+def test_no_respawn_into_an_interpreter_that_lacks_what_this_one_has(node, respawns, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'amdsmi', None)
+    open(os.path.join(node['dev'], 'kfd'), 'w').close()
+    answers(monkeypatch, ('amdsmi',))                       # amdsmi, but no psutil
+    assert respawn(node) == ['the interpreter %s cannot import psutil; run the gpufleet.reclaim.prereqs role again' % node['python']]
     assert respawns == []
 
 
