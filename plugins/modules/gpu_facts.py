@@ -383,6 +383,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends imp
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
 
 
 def argument_spec():
@@ -406,6 +407,7 @@ def no_gpu_message(facts):
 
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    respawn_if_needed(module)
 
     if not HAS_PSUTIL:
         module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)

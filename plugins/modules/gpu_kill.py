@@ -435,6 +435,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import
     RulesError, detector_argument_spec, detector_options, load_config, selector_detector)
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import ROGUE_LEVELS, Selector
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import printable
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
 
 
 def argument_spec():
@@ -520,6 +521,7 @@ def module_result(result):
 
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    respawn_if_needed(module)
     if not HAS_PSUTIL:
         module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
     try:

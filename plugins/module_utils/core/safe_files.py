@@ -168,6 +168,31 @@ def check(path, euid=None, strict=True):
         os.close(dir_fd)
 
 
+def resolve_checked(path, euid=None, max_links=8):
+    """The regular file ``path`` names, its symbolic links followed one at a time under the checks
+    (for a program root will run, such as a virtual environment's ``bin/python``, a link to
+    ``/usr/bin/python3.X``): the directory of every hop walked and checked as open_dir does (strict),
+    every link owned by root or the agent's user, the file checked as check_file_info does.
+    Returns the file's path.  FileNotFoundError when something is missing; UnsafeFile otherwise."""
+    euid = os.geteuid() if euid is None else euid
+    path = os.path.abspath(path)
+    for _hop in range(max_links + 1):
+        path, directory, name = _split(path)
+        dir_fd = open_dir(directory, euid=euid)
+        try:
+            info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if not stat.S_ISLNK(info.st_mode):
+                check_file_info(info, path, euid)
+                return path
+            owner = _owner_problem(info, euid)
+            if owner:
+                raise UnsafeFile(path, 'is a symbolic link that ' + owner)
+            path = os.path.normpath(os.path.join(directory, os.readlink(name, dir_fd=dir_fd)))
+        finally:
+            os.close(dir_fd)
+    raise UnsafeFile(path, 'is reached through more than %d symbolic links' % max_links)
+
+
 def open_checked(path, flags, mode=0o600, dir_mode=None, euid=None, strict=True):
     """``os.open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode)`` in a checked directory (created with
     ``dir_mode`` when given), the file then checked on its descriptor.  Returns the descriptor."""

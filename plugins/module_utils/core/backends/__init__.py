@@ -55,7 +55,7 @@ class Selection(object):
             if present:
                 found.append('%s GPU device files exist (%s) but the %s backend cannot read them: %s. This node\'s GPUs are '
                              'missing from the result. Fix: install %s for %s, or run the gpufleet.reclaim.prereqs role '
-                             'and use the interpreter it reports (gpu_prereqs_interpreter) as ansible_python_interpreter'
+                             '(the modules then re-run under the interpreter it records in /etc/gpufleet/python)'
                              % (name, ', '.join(present), name, status.error, LIBRARIES[name], sys.executable))
         return found
 
