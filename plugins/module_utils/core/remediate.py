@@ -67,7 +67,8 @@ STATE_LIMIT = 4 * 1024 * 1024
 MAX_HANDLED = 2000
 REASON_LEN = 200
 REMEDIATIONS = ('kill_app', 'reset', 'drain', 'reboot')
-RECOVERY = {'reset': ('reset',), 'drain_and_reset': ('drain', 'reset'), 'reboot': ('reboot',), 'drain_p2p': ('drain',)}
+# recovery action -> steps; drain_and_reset is a reset with the GPU in the NVML drain state (gpu_reset drain)
+RECOVERY = {'reset': ('reset',), 'drain_and_reset': ('reset',), 'reboot': ('reboot',), 'drain_p2p': ('drain',)}
 
 # Stand-in for core/xid.py while it is not on this branch: (fault, remediation) of the codes of
 # NVIDIA's Xid catalogue that the ladder acts on.  Removed once core/xid.py lands.
@@ -122,8 +123,13 @@ def xid_events(dev):
     return out
 
 
+def gpu_key(dev):
+    """How the ladder's files name a GPU: its UUID, else its PCI bus id, else ``index:N`` (a lost GPU answers neither)."""
+    return dev.uuid or dev.pci_bus_id or 'index:%s' % dev.index
+
+
 def event_key(dev, event):
-    return '%s|%s|%s|%s' % (dev.uuid or dev.pci_bus_id or dev.index, event.get('time'), event.get('code'), event.get('pid'))
+    return '%s|%s|%s|%s' % (gpu_key(dev), event.get('time'), event.get('code'), event.get('pid'))
 
 
 # ---------------------------------------------------------------------------- options
@@ -182,7 +188,8 @@ class RemediateOptions(object):
         return ResetOptions(gpus=[str(dev.index)], kill_processes=self.kill_processes, kill_timeout=self.kill_timeout,
                             protect_names=self.protect_names, protect_users=self.protect_users,
                             stop_services=self.stop_services, orphan_threshold_mib=self.orphan_threshold_mib,
-                            verify_timeout=self.verify_timeout, vendor=dev.vendor, audit_path=self.audit_path)
+                            verify_timeout=self.verify_timeout, vendor=dev.vendor, audit_path=self.audit_path,
+                            drain=recovery_action(dev) == 'drain_and_reset')
 
 
 # ---------------------------------------------------------------------------- remembered state
@@ -263,7 +270,7 @@ class GpuLadder(object):
     def ordered(self):
         names = [s.name for s in self.steps]
         if 'reboot_flag' in names:  # a reset cannot help: drain and wait for the reboot
-            self.steps = [s for s in self.steps if s.name != 'reset']
+            self.steps = [s for s in self.steps if s.name != 'reset' or s.status != 'planned']
             if 'drain' not in names:
                 self.steps.append(Step('drain', 'the GPU waits for a reboot'))
         self.steps.sort(key=lambda s: STEPS.index(s.name))
@@ -271,7 +278,7 @@ class GpuLadder(object):
 
     def to_dict(self):
         dev = self.dev
-        return {'index': dev.index, 'uuid': dev.uuid, 'pci_bus_id': dev.pci_bus_id, 'name': dev.name,
+        return {'index': dev.index, 'key': gpu_key(dev), 'uuid': dev.uuid, 'pci_bus_id': dev.pci_bus_id, 'name': dev.name,
                 'findings': list(self.findings), 'ladder': [s.to_dict() for s in self.steps], 'status': self.status,
                 'awaiting_reboot': self.awaiting_reboot, 'recovery_action': recovery_action(dev),
                 'health': dev.health.to_dict()}
@@ -351,9 +358,8 @@ def plan_remediation(snapshot, options, ladder_state=None, reboot_flag=None):
     for dev in _selected(snapshot, options):
         ladder = GpuLadder(dev)
         _classify(ladder, dev, options, handled)
-        key = dev.uuid or dev.pci_bus_id
-        if key in waiting:
-            ladder.awaiting_reboot = waiting[key]
+        if gpu_key(dev) in waiting:
+            ladder.awaiting_reboot = waiting[gpu_key(dev)]
             ladder.steps = []
             ladder.status = 'awaiting_reboot'
         else:
@@ -526,7 +532,7 @@ def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=Non
 
 def _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons):
     dev = ladder.dev
-    label = 'GPU %s (%s)' % (dev.index, dev.pci_bus_id or dev.uuid)
+    label = 'GPU %s (%s)' % (dev.index, dev.pci_bus_id or dev.uuid or 'not answering')
     escalate = None
     for step in list(ladder.steps):
         if step.name == 'kill_application':
@@ -542,12 +548,14 @@ def _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons):
             run.audit({'step': step.name, 'status': step.status, 'why': step.why, 'detail': step.detail,
                        'evidence': step.evidence, 'gpu': {'index': dev.index, 'uuid': dev.uuid, 'pci_bus_id': dev.pci_bus_id},
                        'pid': step.pid, 'result': step.result})
+    rebooting = any(step.name == 'reboot_flag' for step in ladder.steps)
     for step in ladder.steps:   # the node-wide steps: carried out once for the node (_node_steps)
         if step.name == 'drain':
-            drain_reasons.append('%s: %s' % (label, step.why))
+            if not rebooting:   # the reboot's reason says it
+                drain_reasons.append('%s: %s' % (label, step.why))
             step.status = 'node'
         elif step.name == 'reboot_flag':
-            reboot_wanted[dev.uuid or dev.pci_bus_id] = printable(step.why)
+            reboot_wanted[gpu_key(dev)] = printable(step.why)
             drain_reasons.append('%s: reboot wanted (%s)' % (label, step.why))
             step.status = 'node'
     ladder.ordered()

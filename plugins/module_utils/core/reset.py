@@ -51,7 +51,7 @@ from .text import printable
 PASS, FAIL, WARN, NOT_EXPOSED, NOT_APPLICABLE = 'pass', 'fail', 'warn', 'not_exposed', 'not_applicable'
 CHECK_NAMES = ('vendor', 'root', 'tool', 'mig', 'nvlink', 'fabric_manager', 'persistence_mode', 'nvml_session',
                'recovery_action', 'kernel_modules', 'services', 'blocking_clients', 'processes')
-TOOLS = ('nvidia-smi', 'amd-smi', 'xpu-smi', 'systemctl')
+TOOLS = ('nvidia-smi', 'amd-smi', 'xpu-smi', 'systemctl', 'scontrol')
 
 # Clients that keep a GPU from being reset, with the systemd unit that usually runs each one.
 # They are never terminated (they are in the default protect_names): they are stopped as services.
