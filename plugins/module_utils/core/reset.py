@@ -179,6 +179,18 @@ class Host(object):
         return module is not None, error
 
 
+def module_host(module):
+    """The real host of an Ansible module: tools found by ``module.get_bin_path``, commands run by
+    ``module.run_command`` (argument lists)."""
+    def runner(argv):
+        try:
+            return module.run_command(argv, handle_exceptions=False)
+        except OSError as exc:  # never fail_json half-way: the undo steps (persistence mode, drain, services) must run
+            return 127, '', '%s: %s' % (argv[0], exc)
+
+    return Host(tools=dict((name, module.get_bin_path(name)) for name in TOOLS), runner=runner)
+
+
 # ---------------------------------------------------------------------------- one GPU
 def _state_view(dev):
     """What ``before`` and ``after`` report about a GPU."""
