@@ -1227,6 +1227,76 @@ def _rogue(value, path):
                        rules_file=rules_file)
 
 
+class RemediationPolicy(object):
+    """The guard's remediation ladder (core/remediate.py): off unless ``enabled``."""
+
+    def __init__(self, enabled=False, kill_application_xids=True, reset=True, kill_processes=False, stop_services=(),
+                 drain=True, drain_command=None, reboot_flag='/var/lib/gpufleet/reboot-wanted', orphan_threshold_mib=1024,
+                 verify_timeout=60.0, node_name=None):
+        self.enabled = enabled
+        self.kill_application_xids = kill_application_xids
+        self.reset = reset
+        self.kill_processes = kill_processes
+        self.stop_services = list(stop_services)
+        self.drain = drain
+        self.drain_command = drain_command
+        self.reboot_flag = reboot_flag
+        self.orphan_threshold_mib = orphan_threshold_mib
+        self.verify_timeout = verify_timeout
+        self.node_name = node_name
+
+
+REMEDIATION_KEYS = ('enabled', 'kill_application_xids', 'reset', 'kill_processes', 'stop_services', 'drain', 'drain_command',
+                    'reboot_flag', 'orphan_threshold_mib', 'verify_timeout', 'node_name')
+
+
+def _argv(value, path):
+    """A command hook: an argument list whose program is an absolute path, never a shell line."""
+    if isinstance(value, str):
+        raise _Bad(path, value, 'the command hook is an argument list, never a shell line: write ["/usr/local/bin/notify", "--flag"]')
+    argv = _list(value, path)
+    if not argv or not all(isinstance(a, str) and a for a in argv):
+        raise _Bad(path, argv, 'expected a non-empty list of arguments (text)')
+    if not argv[0].startswith('/'):
+        raise _Bad(path, argv[0], 'the program is an absolute path')
+    return list(argv)
+
+
+def _remediation(value, path):
+    if value is None or value is False:
+        return RemediationPolicy()
+    if value is True:
+        return RemediationPolicy(enabled=True)
+    _dict(value, path)
+    _only(value, path, REMEDIATION_KEYS)
+    out = RemediationPolicy(enabled=_bool(value.get('enabled', True), _join(path, 'enabled')))
+    for key in ('kill_application_xids', 'reset', 'kill_processes', 'drain'):
+        if key in value:
+            setattr(out, key, _bool(value[key], _join(path, key)))
+    services = value.get('stop_services')
+    if services is not None:
+        from .reset import UNIT_RE  # pylint: disable=import-outside-toplevel  (only for this key: the tick stays light)
+        services = [services] if services == 'auto' else _list(services, _join(path, 'stop_services'))
+        for unit in services:
+            if not isinstance(unit, str) or not UNIT_RE.match(unit):
+                raise _Bad(_join(path, 'stop_services'), unit, 'not a systemd unit name (or auto)')
+        out.stop_services = list(services)
+    if value.get('drain_command') is not None:
+        out.drain_command = _argv(value['drain_command'], _join(path, 'drain_command'))
+    if 'reboot_flag' in value:
+        flag = value['reboot_flag']
+        out.reboot_flag = None if flag is False else _abs_path(flag, _join(path, 'reboot_flag'))
+    if 'orphan_threshold_mib' in value:
+        out.orphan_threshold_mib = _count(value['orphan_threshold_mib'], _join(path, 'orphan_threshold_mib'))
+    if 'verify_timeout' in value:
+        out.verify_timeout = _duration(value['verify_timeout'], _join(path, 'verify_timeout'))
+    name = value.get('node_name')
+    if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+        raise _Bad(_join(path, 'node_name'), name, 'expected a scheduler node name')
+    out.node_name = name
+    return out
+
+
 class Notify(object):
     def __init__(self, tty=True, webhook_url=None, webhook_timeout=5.0, command=None, redact_patterns=(), message=''):
         self.tty = tty
@@ -1263,16 +1333,7 @@ def _notify(value, path):
                 raise _Bad(_join(sub, 'timeout'), hook['timeout'], 'expected more than 0 and at most 60 seconds')
     command = None
     if value.get('command') is not None:
-        sub = _join(path, 'command')
-        argv = value['command']
-        if isinstance(argv, str):
-            raise _Bad(sub, argv, 'the command hook is an argument list, never a shell line: write ["/usr/local/bin/notify", "--flag"]')
-        argv = _list(argv, sub)
-        if not argv or not all(isinstance(a, str) and a for a in argv):
-            raise _Bad(sub, argv, 'expected a non-empty list of arguments (text)')
-        if not argv[0].startswith('/'):
-            raise _Bad(sub, argv[0], 'the program is an absolute path')
-        command = list(argv)
+        command = _argv(value['command'], _join(path, 'command'))
     patterns = defaults if _bool(value.get('redact_defaults', True), _join(path, 'redact_defaults')) else []
     for item in _list(value.get('redact_patterns'), _join(path, 'redact_patterns')):
         patterns.append(_regex(item, _join(path, 'redact_patterns')))
@@ -1302,6 +1363,7 @@ class Policy(object):
         self.protect = Protect()
         self.escalation = Escalation()
         self.rogue = RoguePolicy()
+        self.remediation = RemediationPolicy()
         self.notify = Notify(redact_patterns=[re.compile(p) for p in DEFAULT_REDACT_PATTERNS])
         self.allocations_file = None
         self.idle_max_gap_s = 600.0
@@ -1369,7 +1431,7 @@ class Policy(object):
 
 TOP_KEYS = ('version', 'enabled', 'mode', 'interval', 'description', 'metadata', 'lists', 'defaults', 'users', 'groups',
             'gpus', 'time_windows', 'exemptions', 'protect', 'escalation', 'rogue', 'require_allocation',
-            'allocations_file', 'notify', 'rules', 'idle_max_gap')
+            'allocations_file', 'notify', 'rules', 'idle_max_gap', 'remediation')
 GPUKILL_KEYS = ('global', 'user_policies', 'group_policies', 'gpu_policies', 'time_policies', 'enforcement')
 
 
@@ -1526,6 +1588,9 @@ def _parse_top(policy, data, errors):
     notify = errors.run(_notify, data.get('notify'), 'notify')
     if notify is not None:
         policy.notify = notify
+    remediation = errors.run(_remediation, data.get('remediation'), 'remediation')
+    if remediation is not None:
+        policy.remediation = remediation
     alloc = data.get('require_allocation')
     if alloc is not None:
         if isinstance(alloc, dict):

@@ -74,7 +74,7 @@ AUTO = 'auto'
 # The driver's recovery actions (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) after which a reset cannot help.
 REBOOT_ACTIONS = ('reboot',)
 COMM_LEN = 15                                     # the kernel keeps 15 characters of a process name
-_UNIT_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9:_.@\\-]*$')
+UNIT_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9:_.@\\-]*$')
 RELEASE_TIMEOUT = 10.0                            # seconds for the driver to drop killed processes
 SIGKILL_WAIT = 5.0
 
@@ -106,7 +106,7 @@ class ResetOptions(object):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise InvalidArgument(name, value, 'expected a number, 0 or more')
         for unit in stop_services or ():
-            if not isinstance(unit, str) or not _UNIT_RE.match(unit):
+            if not isinstance(unit, str) or not UNIT_RE.match(unit):
                 raise InvalidArgument('stop_services', unit, 'not a systemd unit name (or auto)')
         self.gpus = [str(g) for g in gpus] if gpus else None
         self.all_gpus = bool(all_gpus)
