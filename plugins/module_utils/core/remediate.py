@@ -82,19 +82,11 @@ _FALLBACK_XIDS = {
 
 def classify_xid(code):
     """(fault, remediation) of Xid ``code``: remediation one of REMEDIATIONS or None (nothing to do)."""
-    entry = None
     if xid_table is not None:
-        lookup = getattr(xid_table, 'classify', None)
-        entry = lookup(code) if lookup is not None else getattr(xid_table, 'XIDS', {}).get(code)
-    elif code in _FALLBACK_XIDS:
-        fault, remediation = _FALLBACK_XIDS[code]
-        entry = {'fault': fault, 'remediation': remediation}
-    if entry is None:
-        return 'unknown', None
-    if not isinstance(entry, dict):
-        entry = {'fault': getattr(entry, 'fault', None), 'remediation': getattr(entry, 'remediation', None)}
-    remediation = entry.get('remediation')
-    return entry.get('fault') or 'unknown', remediation if remediation in REMEDIATIONS else None
+        _meaning, fault, remediation = xid_table.classify(code)   # (meaning, fault, action)
+    else:
+        fault, remediation = _FALLBACK_XIDS.get(code, ('unknown', None))
+    return fault or 'unknown', remediation if remediation in REMEDIATIONS else None
 
 
 def _event_time(value):
@@ -118,6 +110,8 @@ def xid_events(dev):
     """The GPU's recent Xid events (gpu_facts ``xid_events``), each a dict with an int ``code``."""
     out = []
     for event in getattr(dev, 'xid_events', None) or ():
+        if not isinstance(event, dict):  # the model's event records
+            event = dict((key, getattr(event, key, None)) for key in ('time', 'code', 'pid', 'pci_bus_id', 'message'))
         if isinstance(event, dict) and isinstance(event.get('code'), int) and not isinstance(event.get('code'), bool):
             out.append(event)
     return out
