@@ -243,12 +243,13 @@ def cmd_check_config(args, out, stdin=None):
             stdin = stdin or sys.stdin
             data = stdin.buffer.read(policy_mod.MAX_POLICY_BYTES + 1) if hasattr(stdin, 'buffer') else stdin.read()
             policy = policy_mod.load_policy_text(data, '<stdin>')
+            syntax = policy_mod.document_syntax(data, '<stdin>')
         else:
             policy = policy_mod.load_policy(args.file)
+            syntax = policy_mod.document_format(args.file)
     except policy_mod.PolicyError as exc:
         if args.json:
-            _print_json({'valid': False, 'errors': [{'file': exc.source, 'path': p, 'value': repr(v), 'why': w}
-                                                    for p, v, w in exc.errors]}, out)
+            _print_json({'valid': False, 'errors': exc.problems()}, out)
         else:
             sys.stderr.write(printable_lines(exc) + '\n')
         return 1
@@ -259,7 +260,7 @@ def cmd_check_config(args, out, stdin=None):
             notes.append('exemptions[%d] expired on %s and is ignored' % (
                 index, datetime.datetime.fromtimestamp(exemption.expires, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')))
     if args.json:
-        _print_json({'valid': True, 'file': args.file, 'summary': policy.summary(), 'notes': notes}, out)
+        _print_json({'valid': True, 'file': args.file, 'syntax': syntax, 'summary': policy.summary(), 'notes': notes}, out)
     else:
         _line(out, '%s: valid (%s format, mode %s%s)' % (args.file, policy.format, policy.mode,
                                                          '' if policy.enabled else ', disabled'))

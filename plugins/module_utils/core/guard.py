@@ -32,7 +32,7 @@ import os
 import time
 
 from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod, safe_files
-from .errors import GpuFleetError, InvalidArgument
+from .errors import GpuFleetError, InvalidArgument  # pylint: disable=unused-import  # load_settings raises InvalidArgument (a PolicyError)
 from .exe_hash import ExeHashes
 from .processes import user_uid
 
@@ -48,7 +48,7 @@ DEFAULT_PATHS = {
     'history': '/var/lib/gpufleet/history.db',
     'allocations': '/run/gpufleet/allocations.json',
 }
-SETTINGS_KEYS = ('vendor', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path', 'lock_path',
+SETTINGS_KEYS = ('vendor', 'policy_path', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path', 'lock_path',
                  'webhook_url', 'webhook_allow_http', 'webhook_timeout', 'release_timeout', 'history_retention_days')
 MAX_TRACKED = 10000
 
@@ -88,7 +88,8 @@ class Settings(object):
 def load_settings(path, paths):
     """Read the settings file (YAML or JSON mapping, mode 0600: it may hold the webhook URL).
 
-    Missing file: defaults.  Path keys update ``paths``.  Raises InvalidArgument on a bad file.  A
+    Missing file: defaults.  Path keys update ``paths``.  Raises InvalidArgument on a bad file (a
+    PolicyError naming the file, and each bad setting with its line where known and its value).  A
     file that is a link, or that someone else than root (or the agent's user) could change or swap
     (safe_files): not read, the defaults, ``refused`` says why (a tick then refuses to act).
     """
@@ -105,51 +106,49 @@ def load_settings(path, paths):
         settings.refused = 'the settings were not read: %s' % exc
         return settings
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgument('settings', path, 'cannot read: %s' % exc)
-    try:
-        yaml = policy_mod.yaml_module()
-        if yaml is not None:
-            data = yaml.load(text, Loader=policy_mod.yaml_loader())  # nosec - the policy's SafeLoader subclass
-        else:
-            data = json.loads(text) if text.strip() else None
-        policy_mod.check_nesting(data)
-    except policy_mod.DocumentLimitError as exc:
-        raise InvalidArgument('settings', path, str(exc))
-    except Exception as exc:  # pylint: disable=broad-except
-        raise InvalidArgument('settings', path, 'not YAML/JSON: %s' % str(exc).replace('\n', ' '))
+        raise policy_mod.PolicyError([('', None, 'cannot read the settings: %s' % (getattr(exc, 'strerror', None) or exc))],
+                                     path, what='settings')
+    # the format by the extension (guard.yaml: YAML), the same limits as the policy's
+    data, lines = policy_mod.read_document_lines(text, path, what='settings')
     if data is None:
         return settings
     if not isinstance(data, dict):
-        raise InvalidArgument('settings', path, 'expected a mapping')
+        raise policy_mod.PolicyError([('', data, 'the settings are a mapping')], path, what='settings')
+    errors = []
     allow_http = False
     for key, value in data.items():
         if key not in SETTINGS_KEYS:
-            raise InvalidArgument('%s: %s' % (path, key), value, 'unknown setting; expected one of %s' % ', '.join(SETTINGS_KEYS))
-        if key.endswith('_path'):
+            errors.append((key, value, 'unknown setting; expected one of %s' % ', '.join(SETTINGS_KEYS)))
+        elif key == 'policy_path' and value in (None, ''):
+            errors.append((key, value, 'expected the absolute path of the policy file (the policy cannot be turned off)'))
+        elif key.endswith('_path'):
             if value not in (None, '') and (not isinstance(value, str) or not value.startswith('/')):
-                raise InvalidArgument('%s: %s' % (path, key), value, 'expected an absolute path (or an empty value to turn it off)')
-            name = key[:-5]
-            setattr(paths, name, value or None)
+                errors.append((key, value, 'expected an absolute path (or an empty value to turn it off)'))
+            else:
+                setattr(paths, key[:-5], value or None)
         elif key == 'vendor':
             if value not in ('auto', 'nvidia', 'amd', 'intel', 'apple'):
-                raise InvalidArgument('%s: vendor' % path, value, 'expected auto, nvidia, amd, intel or apple')
+                errors.append((key, value, 'expected auto, nvidia, amd, intel or apple'))
             settings.vendor = value
         elif key == 'webhook_url':
             settings.webhook_url = value if value not in (None, '') else None
         elif key == 'webhook_allow_http':
             if value is not None and not isinstance(value, bool):
-                raise InvalidArgument('%s: webhook_allow_http' % path, value, 'expected true or false')
-            allow_http = bool(value)
-        else:
-            if value is None:
-                continue
+                errors.append((key, value, 'expected true or false'))
+                allow_http = None
+            else:
+                allow_http = bool(value)
+        elif value is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3650:
-                raise InvalidArgument('%s: %s' % (path, key), value, 'expected a positive number')
-            setattr(settings, key, float(value) if key != 'history_retention_days' else int(value))
+                errors.append((key, value, 'expected a positive number'))
+            else:
+                setattr(settings, key, float(value) if key != 'history_retention_days' else int(value))
     url = settings.webhook_url
-    why = None if url is None else notify_mod.webhook_url_problem(url, allow_http, 'webhook_allow_http')
+    why = None if url is None or allow_http is None else notify_mod.webhook_url_problem(url, allow_http, 'webhook_allow_http')
     if why:
-        raise InvalidArgument('%s: webhook_url' % path, (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why)
+        errors.append(('webhook_url', (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why))
+    if errors:
+        raise policy_mod.PolicyError(errors, path, lines, what='settings')
     return settings
 
 

@@ -31,6 +31,8 @@ test "$(recap "$FLEET_DIR/check2.out")" = 3
 ansible-playbook "${INV[@]}" enforce.yml "$@"
 # 6. a bad policy fails the play and leaves the old one in force
 ansible-playbook "${INV[@]}" bad_policy.yml "$@"
+# 6b. a policy given as TOML text goes to policy.toml, which the agent reads; a mapping again goes back to policy.yaml
+ansible-playbook "${INV[@]}" toml_policy.yml "$@"
 # 7. state=absent leaves nothing behind (and is idempotent)
 ansible-playbook "${INV[@]}" apply.yml -e '{"gpu_guard_state": "absent", "gpu_guard_purge_logs": true}' "$@" | tee "$FLEET_DIR/absent.out"
 test "$(recap "$FLEET_DIR/absent.out")" = 0

@@ -259,6 +259,8 @@ def test_a_policy_past_the_document_limits_is_logged_and_alerts(tmp_path, text, 
     """Not an uncaught RecursionError (or minutes of alias expansion): the invalid-policy record and policy_valid 0."""
     node = Node(tmp_path)
     node.tick()
+    if text == DEEP_TOML:
+        node.paths.policy = node.paths.policy[:-len('.yaml')] + '.toml'  # the extension names the format
     node.write_policy(text)
     summary = node.tick(60)
     assert summary['rc'] == 1 and why in summary['error'] and 'decisions' not in summary
@@ -392,9 +394,28 @@ def test_settings_file(tmp_path):
     assert paths.metrics == '/srv/m.prom' and paths.history is None
     assert settings.webhook_url == 'https://h.example/x' and settings.webhook_timeout == 3.0
     with open(paths.settings, 'w') as handle:
-        handle.write('colour: blue\n')
-    with pytest.raises(guard.InvalidArgument):
+        handle.write('policy_path: /etc/gpufleet/policy.toml\n')
+    guard.load_settings(paths.settings, paths)
+    assert paths.policy == '/etc/gpufleet/policy.toml'              # the role names a TOML policy's file
+    with open(paths.settings, 'w') as handle:
+        handle.write('policy_path: ""\n')
+    with pytest.raises(guard.InvalidArgument) as info:
         guard.load_settings(paths.settings, paths)
+    assert 'the policy cannot be turned off' in str(info.value)
+    with open(paths.settings, 'w') as handle:
+        handle.write('colour: blue\nvendor: ati\nmetrics_path: rel/m.prom\nrelease_timeout: -1\n')
+    with pytest.raises(guard.InvalidArgument) as info:
+        guard.load_settings(paths.settings, paths)
+    assert str(info.value).splitlines() == [                 # every bad setting, with its line and value
+        "%s:1: colour: invalid value 'blue': unknown setting; expected one of %s" % (paths.settings, ', '.join(guard.SETTINGS_KEYS)),
+        "%s:2: vendor: invalid value 'ati': expected auto, nvidia, amd, intel or apple" % paths.settings,
+        "%s:3: metrics_path: invalid value 'rel/m.prom': expected an absolute path (or an empty value to turn it off)" % paths.settings,
+        "%s:4: release_timeout: invalid value -1: expected a positive number" % paths.settings]
+    with open(paths.settings, 'w') as handle:
+        handle.write('vendor: [nvidia\n')
+    with pytest.raises(guard.InvalidArgument) as info:
+        guard.load_settings(paths.settings, paths)
+    assert str(info.value).startswith('%s: line 2, column 1: YAML syntax error: ' % paths.settings) and info.value.field == 'settings'
     for text, why in (('vendor: ' + '[' * 40 + ']' * 40 + '\n', TOO_DEEP), (billion_laughs(), TOO_MANY_ALIASED)):
         with open(paths.settings, 'w') as handle:
             handle.write(text)

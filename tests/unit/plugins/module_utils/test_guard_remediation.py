@@ -89,3 +89,11 @@ def test_without_the_section_a_tick_runs_no_ladder(tmp_path):
     snap.all_devices[0].xid_events = [{'time': MONDAY_NOON, 'code': 79}]
     summary = Node(tmp_path, policy='mode: enforce\nnotify: {tty: false}\n', snap=snap).tick()
     assert summary['rc'] == 0 and 'remediation' not in summary
+
+
+def test_every_error_of_the_section_is_reported():
+    with pytest.raises(P.PolicyError) as exc:
+        P.parse_policy({'remediation': {'drain_command': 'drain --now', 'reboot_flag': 'flag', 'reset': 'yes', 'bogus': 1}})
+    text = str(exc.value)
+    for field in ('remediation.drain_command', 'remediation.reboot_flag', 'remediation.reset', 'remediation.bogus'):
+        assert field in text, (field, text)

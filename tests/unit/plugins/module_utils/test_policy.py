@@ -12,7 +12,6 @@ import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import identity as I
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import toml_lite
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
     BOMB_LINE, DEEP_TOML, GIB, MONDAY_NOON, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs, pids, proc, rules, snapshot)
 
@@ -49,8 +48,9 @@ def test_empty_policy_is_dry_run_and_finds_nothing():
 def test_errors_name_the_file_the_path_and_the_value():
     exc = errors_of('users:\n  alice:\n    max_gpus: -1\nmode: sometimes\n', '/etc/gpufleet/policy.yaml')
     text = str(exc)
-    assert "/etc/gpufleet/policy.yaml: users.alice.max_gpus: invalid value -1" in text
-    assert "/etc/gpufleet/policy.yaml: mode: invalid value 'sometimes': expected one of dry-run, warn or enforce" in text
+    assert "/etc/gpufleet/policy.yaml:3: users.alice.max_gpus: invalid value -1" in text          # the line of the key
+    assert "/etc/gpufleet/policy.yaml:4: mode: invalid value 'sometimes': expected one of dry-run, warn or enforce" in text
+    assert text.index('policy.yaml:3:') < text.index('policy.yaml:4:')                            # in the order of the file
     assert ('users.alice.max_gpus', -1) in [(p, v) for p, v, _w in exc.errors]
 
 
@@ -108,18 +108,22 @@ def nested_yaml(levels):
     return ''.join('  ' * i + 'a:\n' for i in range(levels - 1)) + '  ' * (levels - 1) + 'a: 1\n'
 
 
-@pytest.mark.parametrize('text', [
-    DEEP_TOML,
-    '[%s]\nx = 1\n' % '.'.join(['t'] * 40),                    # a TOML table header
-    'x = ' + '[' * 40 + ']' * 40 + '\n',                         # TOML arrays (the reader's own limit is deeper)
-    nested_yaml(P.MAX_NESTING + 1),
-    '[' * 5000 + ']' * 5000,                                      # YAML flow (and JSON) sequences
-    '{"a": ' * 5000 + '1' + '}' * 5000,
-], ids=['toml-dotted-keys', 'toml-table', 'toml-arrays', 'yaml-block', 'yaml-flow', 'json'])
-def test_nesting_past_the_limit_is_a_clean_policy_error(text):
-    exc = errors_of(text)
+@pytest.mark.parametrize('text, source', [
+    (DEEP_TOML, 'policy.toml'),
+    (DEEP_TOML, '<stdin>'),                                       # unnamed: sniffed as TOML
+    ('[%s]\nx = 1\n' % '.'.join(['t'] * 40), 'policy.toml'),   # a TOML table header
+    ('x = ' + '[' * 40 + ']' * 40 + '\n', 'policy.toml'),        # TOML arrays
+    ('x = ' + '{a = ' * 2000 + '1' + '}' * 2000 + '\n', 'policy.toml'),  # TOML inline tables (the parser recurses)
+    (nested_yaml(P.MAX_NESTING + 1), 'policy.yaml'),
+    ('[' * 5000 + ']' * 5000, 'policy.yaml'),                     # YAML flow (and JSON) sequences
+    ('{"a": ' * 5000 + '1' + '}' * 5000, 'policy.yaml'),
+    ('{"a": ' * 5000 + '1' + '}' * 5000, 'policy.json'),
+], ids=['toml-dotted-keys', 'toml-sniffed', 'toml-table', 'toml-arrays', 'toml-inline-tables', 'yaml-block', 'yaml-flow',
+        'json-as-yaml', 'json'])
+def test_nesting_past_the_limit_is_a_clean_policy_error(text, source):
+    exc = errors_of(text, source)
     assert exc.errors == [('', None, exc.errors[0][2])] and TOO_DEEP in exc.errors[0][2]
-    assert TOO_DEEP in str(exc) and str(exc).startswith('policy.yaml: ')
+    assert TOO_DEEP in str(exc) and str(exc).startswith(source + ': ')
 
 
 def test_nesting_past_the_limit_without_pyyaml(monkeypatch):
@@ -193,7 +197,8 @@ def test_not_a_policy_at_all():
     exc = errors_of('just some words')
     assert 'policy.yaml' in str(exc)
     exc = errors_of('[unclosed')
-    assert 'neither YAML' in str(exc)
+    assert str(exc) == "policy.yaml: line 1, column 10: YAML syntax error: expected ',' or ']', but got '<stream end>'"
+    assert exc.lines == [1] and exc.errors == [('', None, str(exc)[len('policy.yaml: '):])]
 
 
 def test_sizes_accept_units_and_gpukill_style_strings():
@@ -289,8 +294,13 @@ max_concurrent_processes = 5
 '''
 
 
-def test_gpukill_documented_example_works_as_written():
-    policy = load(GPUKILL_DOC_EXAMPLE, 'guard_mode_config.toml')
+def test_gpukill_documented_example_works_without_its_null():
+    # gpu-kill's documented example writes maintenance_window = null, which TOML does not have: the
+    # standard parser refuses it, with the line and what to do
+    exc = errors_of(GPUKILL_DOC_EXAMPLE, 'guard_mode_config.toml')
+    assert str(exc) == ('guard_mode_config.toml: line 30, column 22: TOML syntax error: Invalid value '
+                        '(TOML has no null: leave the key out)')
+    policy = load(GPUKILL_DOC_EXAMPLE.replace('maintenance_window = null\n', ''), 'guard_mode_config.toml')
     assert policy.format == 'gpu-kill' and policy.mode == 'dry-run'
     assert policy.users['developer'] == {'max_mem_mib_total': 8 * GIB, 'max_runtime_s': 12 * 3600.0, 'max_procs': 3}
     group = policy.group('researchers')
@@ -362,24 +372,41 @@ def test_gpukill_mixed_with_gpufleet_keys_is_an_error():
 
 
 def test_gpukill_unknown_field_and_wrong_username():
-    assert 'unknown key' in str(errors_of('[user_policies.a]\nmemory_limit = 1\n'))
-    assert 'table name' in str(errors_of('[user_policies.a]\nusername = "b"\n'))
+    assert 'unknown key' in str(errors_of('[user_policies.a]\nmemory_limit = 1\n', 'policy.toml'))
+    assert 'table name' in str(errors_of('[user_policies.a]\nusername = "b"\n', '<stdin>'))
 
 
-def test_toml_reader():
-    data = toml_lite.loads('a = 1\n"b c" = \'lit\'\n[t.u]\nx = [1, 2,\n # c\n 3,]\ny = {z = true}\n[[arr]]\nn = 1\n[[arr]]\nn = 2\n'
-                           's = """\nmulti\\\n  line"""\nf = -1_000.5e0\nh = 0x1F\nd = 2026-03-02T10:00:00Z\nnothing = null\n')
+def test_toml_is_read_by_tomllib_or_tomli():
+    data = P.read_document('a = 1\n"b c" = \'lit\'\n[t.u]\nx = [1, 2,\n # c\n 3,]\ny = {z = true}\n[[arr]]\nn = 1\n[[arr]]\nn = 2\n'
+                           's = """\nmulti\\\n  line"""\nf = -1_000.5e0\nh = 0x1F\nd = 2026-03-02T10:00:00Z\n', 'policy.toml')
     assert data['a'] == 1 and data['b c'] == 'lit' and data['t']['u']['x'] == [1, 2, 3] and data['t']['u']['y'] == {'z': True}
     assert [a['n'] for a in data['arr']] == [1, 2]
     assert data['arr'][1]['s'] == 'multiline' and data['arr'][1]['f'] == -1000.5 and data['arr'][1]['h'] == 31
-    assert data['arr'][1]['nothing'] is None and data['arr'][1]['d'] == '2026-03-02T10:00:00Z'
-    for bad, line in (('a = 1\na = 2\n', 2), ('[t]\n[t]\n', 2), ('a = "open\n', 1), ('a = [1,\n', 2), ('x = @\n', 1)):
-        with pytest.raises(toml_lite.TomlError) as info:
-            toml_lite.loads(bad)
-        assert info.value.line == line, bad
+    assert data['arr'][1]['d'] == '2026-03-02T10:00:00+00:00'
+    for bad, line in (('a = 1\na = 2\n', 2), ('[t]\n[t]\n', 2), ('a = "open\n', 1), ('x = @\n', 1)):
+        with pytest.raises(P.PolicyError) as info:
+            P.read_document(bad, 'policy.toml')
+        assert info.value.lines == [line] and str(info.value).startswith('policy.toml: line %d, column ' % line), bad
+        assert 'TOML syntax error: ' in str(info.value) and 'invalid value' not in str(info.value)
+
+
+def test_toml_without_tomllib_or_tomli_names_the_package(monkeypatch):
+    monkeypatch.setattr(P, '_TOML', [None])
+    with pytest.raises(P.PolicyError) as info:
+        P.load_policy_text('mode = "warn"\n', 'policy.toml')
+    assert str(info.value) == 'policy.toml: ' + P.TOML_MISSING and 'install tomli' in P.TOML_MISSING
 
 
 # ============================================================================ memory, GPUs, processes
+def test_memory_messages_show_the_difference_rounding_would_hide():
+    found = evaluate('users: {alice: {max_mem_gib_total: 19.5}}', snapshot([proc(1, 'alice', {0: 19.5 * GIB + 1})]))
+    assert found[0].message == 'alice uses 19969 MiB of GPU memory in total, more than the 19968 MiB allowed'
+    found = evaluate('users: {alice: {max_mem_mib_total: 100}}', snapshot([proc(1, 'alice', {0: 100.25})]))
+    assert 'uses 100.250 MiB of GPU memory in total, more than the 100.000 MiB allowed' in found[0].message
+    found = evaluate('users: {alice: {max_mem_gib_total: 19.5}}', snapshot([proc(1, 'alice', {0: 24 * GIB})]))
+    assert 'uses 24.0 GiB of GPU memory in total, more than the 19.5 GiB allowed' in found[0].message
+
+
 def test_max_mem_per_gpu_names_only_the_offending_process():
     policy = 'users: {alice: {max_mem_gib_per_gpu: 8}}'
     snap = snapshot([proc(1, 'alice', {0: 12 * GIB}), proc(2, 'alice', {1: 6 * GIB}), proc(3, 'bob', {0: 40 * GIB})])

@@ -325,7 +325,7 @@ def test_policy_past_the_document_limits_fails_like_check_config(node, monkeypat
     def no_snapshot(**_kwargs):
         raise AssertionError('a bad policy must fail before the node is examined')
     monkeypatch.setattr(gpu_audit, 'take_snapshot', no_snapshot)
-    path = node['tmp'] / 'policy.toml'
+    path = node['tmp'] / ('policy.toml' if kind == 'toml-file' else 'policy.yaml')
     if kind == 'toml-file':
         path.write_text(DEEP_TOML)
     elif kind == 'alias-bomb-file':
@@ -333,6 +333,28 @@ def test_policy_past_the_document_limits_fails_like_check_config(node, monkeypat
     result = run_module(base(node, policy=_deep(200) if kind == 'mapping' else str(path)))
     why = TOO_MANY_ALIASED if kind == 'alias-bomb-file' else TOO_DEEP
     assert result['failed'] and result['msg'].startswith('invalid policy: ') and why in result['msg'], result
+
+
+@pytest.mark.parametrize('name, text, expected', [
+    ('policy.yaml', 'defaults:\n  max_mem_gib_total: -4\n  max_gpus: -1\n  max_procs: -3\n',
+     ['{0}:2: defaults.max_mem_gib_total: invalid value -4: ', '{0}:3: defaults.max_gpus: invalid value -1: ',
+      '{0}:4: defaults.max_procs: invalid value -3: ']),
+    ('policy.json', '{"max_gpus": 1,}', ['{0}: line 1, column 16: JSON syntax error: ']),
+])
+def test_policy_errors_are_all_reported_like_check_config(node, monkeypatch, name, text, expected):
+    monkeypatch.setattr(gpu_audit, 'take_snapshot', lambda **_kwargs: pytest.fail('a bad policy fails before the node is examined'))
+    path = node['tmp'] / name
+    path.write_text(text)
+    result = run_module(base(node, policy=str(path)))
+    lines = result['msg'][len('invalid policy: '):].splitlines()
+    assert result['failed'] and len(lines) == len(expected), result
+    assert all(line.startswith(want.format(path)) for line, want in zip(lines, expected)), lines
+
+
+def test_policy_mapping_errors_are_all_reported(node):
+    result = run_module(base(node, policy={'defaults': {'max_gpus': -1, 'colour': 'red'}}))
+    assert result['failed'] and result['msg'].count('\n') == 1 and 'policy: defaults.max_gpus: invalid value -1' in result['msg']
+    assert "policy: defaults.colour: invalid value 'red': unknown key" in result['msg']
 
 
 def test_missing_policy_file(node):
