@@ -17,7 +17,14 @@ description:
     recovery action) or that hold more than O(orphan_threshold_mib) MiB of memory that no process accounts for.
   - Before anything is touched, every precondition is checked per GPU and reported by name in
     RV(resets[].preconditions) - C(vendor), C(root), C(tool), C(mig), C(nvlink), C(fabric_manager),
-    C(persistence_mode), C(nvml_session), C(services), C(blocking_clients), C(processes). A GPU with a failed
+    C(persistence_mode), C(nvml_session), C(recovery_action), C(kernel_modules), C(services), C(blocking_clients),
+    C(processes).
+  - Every holder is named - the GPU's processes; the blocking clients C(nvidia-persistenced), C(nv-hostengine),
+    C(dcgm-exporter), C(nv-fabricmanager), C(nvidia-imex) and display servers (counted only for a system account's
+    process running a root-owned executable); and the kernel references of C(nvidia_drm), C(nvidia_modeset) and
+    C(nvidia_uvm) beyond their holder modules and the processes' open files (C(/sys/module/<m>/refcnt) and
+    C(holders/)). A kernel reference refuses the reset with the module and its count, and recommends a reboot
+    (RV(resets[].reboot_recommended)), as does a driver recovery action of C(reboot). A GPU with a failed
     precondition is not touched, and its message says what to do; the other GPUs go on.
   - NVIDIA - C(nvidia-smi --gpu-reset -i <PCI bus id>), with persistence mode switched off for the reset and restored
     afterwards. MIG mode on is refused with instructions; NVLink and NVSwitch fabric state are checked where the driver
@@ -123,7 +130,11 @@ options:
   stop_services:
     description:
       - Systemd units to stop before the reset (those that are active) and to start again afterwards, whatever happened,
-        for example V(nvidia-persistenced), V(nvidia-dcgm) or V(dcgm-exporter).
+        for example V(nvidia-persistenced), V(nvidia-dcgm) or V(dcgm-exporter). Always run as C(systemctl stop UNIT) and
+        C(systemctl start UNIT) (argument lists, no shell).
+      - V(auto) stops the units of the blocking clients found, among V(nvidia-persistenced), V(nvidia-dcgm),
+        V(dcgm-exporter), V(nvidia-fabricmanager) and V(nvidia-imex); a blocking client of another unit (a display
+        manager) refuses the reset, naming the client and its pid.
       - The blocking clients are checked again after stopping them.
     type: list
     elements: str
@@ -297,6 +308,20 @@ resets:
       description: Why the GPU failed or was refused, with what to do.
       type: str
       returned: always
+    kernel_modules:
+      description: C(nvidia_drm), C(nvidia_modeset), C(nvidia_uvm) - C(module), C(loaded), C(refcnt), C(holders),
+        C(explained) (open files of processes), C(references) (those that block), C(error). Empty for other vendors.
+      type: list
+      elements: dict
+      returned: always
+    reboot_recommended:
+      description: A reset cannot help (kernel references, the recovery action says reboot) or it failed - reboot the node.
+      type: bool
+      returned: always
+    reboot_reason:
+      description: Why a reboot is recommended, or V(null).
+      type: str
+      returned: always
   sample:
     - index: 1
       uuid: GPU-3a6588f9-70db-f709-499d-076dde68e602
@@ -353,7 +378,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends imp
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reset import TOOLS, Host, ResetOptions, reset
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reset import ResetOptions, module_host, reset
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
 
 
@@ -384,18 +409,6 @@ def build(params):
                         verify_timeout=params['verify_timeout'], vendor=params['vendor'], audit_path=params['audit_log'] or None)
 
 
-def make_host(module):
-    """The real host, with the tools found by get_bin_path and commands run by run_command (argument lists)."""
-    def runner(argv):
-        try:
-            return module.run_command(argv, handle_exceptions=False)
-        except OSError as exc:  # never fail_json half-way: the undo steps (persistence mode, drain, services) must run
-            return 127, '', '%s: %s' % (argv[0], exc)
-
-    tools = dict((name, module.get_bin_path(name)) for name in TOOLS)
-    return Host(tools=tools, runner=runner)
-
-
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     respawn_if_needed(module)
@@ -403,7 +416,7 @@ def main():
         module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
     try:
         options = build(module.params)
-        result = reset(options, make_host(module), check_mode=module.check_mode)
+        result = reset(options, module_host(module), check_mode=module.check_mode)
     except InvalidArgument as exc:
         module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
     except GpuFleetError as exc:

@@ -344,7 +344,7 @@ def default_seed(path):
 
 
 def new_state(gpus=4, vendor='nvidia', model=None, mem_mib=None, driver='r550', release_delay_ms=0,
-              dev_dir='/dev', seed='gpusim', reserved_mib=0, drm_root=None, intel_driver='xe'):
+              dev_dir='/dev', seed='gpusim', reserved_mib=0, drm_root=None, intel_driver='xe', sys_root=None):
     if vendor not in VENDOR_DEFAULTS:
         raise StateError('unknown vendor %r (nvidia, amd or intel)' % (vendor,))
     if driver not in DRIVERS:
@@ -392,6 +392,10 @@ def new_state(gpus=4, vendor='nvidia', model=None, mem_mib=None, driver='r550', 
         'gpus': devices,
         'processes': [],
     }
+    if vendor == 'nvidia':
+        # extra keys of NVIDIA nodes: the kernel modules' references and where their fake /sys lives
+        state['kernel_modules'] = default_kernel_modules()
+        state['sys_root'] = sys_root
     if vendor == 'intel':
         if intel_driver not in INTEL_DRIVERS:
             raise StateError('unknown Intel driver %r (%s)' % (intel_driver, ', '.join(INTEL_DRIVERS)))
@@ -435,6 +439,70 @@ def apply_reset(state, gpu):
     gpu['mem_util_pct'] = 0
     gpu['reset_count'] = int(gpu.get('reset_count') or 0) + 1
     state['processes'] = [e for e in state.get('processes', []) if e.get('gpu') != gpu.get('index')]
+
+
+# ---------------------------------------------------------------------------
+# NVIDIA nodes: the kernel modules' reference counts, as a fake /sys/module tree read by the
+# collection through its test seam $_GPUFLEET_SYS_ROOT (docs/design/contracts.md):
+#
+#   <sys_root>/module/<name>/refcnt          the reference count, one decimal line
+#   <sys_root>/module/<name>/holders/<mod>   one empty file per module that depends on <name>
+#
+# As in the kernel, each holder module accounts for one reference of the module it depends on.
+# References beyond the holders of nvidia_drm, nvidia_modeset or nvidia_uvm make the fake
+# nvidia-smi refuse every reset ("In use by another client"), as a DRM console or a kernel client
+# does on a real node.  Workloads' open device files are not counted here.
+
+SYS_ROOT_ENV = '_GPUFLEET_SYS_ROOT'
+KERNEL_MODULES = ('nvidia', 'nvidia_modeset', 'nvidia_drm', 'nvidia_uvm')
+BLOCKING_MODULES = ('nvidia_drm', 'nvidia_modeset', 'nvidia_uvm')
+SYS_MARKER = '.gpusim-sys-tree'
+
+
+def default_kernel_modules():
+    """The modules of an idle NVIDIA node: nvidia used by nvidia_modeset and nvidia_uvm, nvidia_modeset by nvidia_drm."""
+    return {'nvidia': {'refcnt': 2, 'holders': ['nvidia_modeset', 'nvidia_uvm']},
+            'nvidia_modeset': {'refcnt': 1, 'holders': ['nvidia_drm']},
+            'nvidia_drm': {'refcnt': 0, 'holders': []},
+            'nvidia_uvm': {'refcnt': 0, 'holders': []}}
+
+
+def default_sys_root(path):
+    """Where an NVIDIA node's fake /sys lives: next to the state file."""
+    return os.path.splitext(os.path.abspath(path))[0] + '-sys'
+
+
+def module_blockers(state):
+    """[(module, refcnt, holders)] for the blocking modules with references beyond their holders."""
+    out = []
+    modules = state.get('kernel_modules') or {}
+    for name in BLOCKING_MODULES:
+        info = modules.get(name) or {}
+        refcnt, holders = int(info.get('refcnt') or 0), list(info.get('holders') or [])
+        if refcnt > len(holders):
+            out.append((name, refcnt, holders))
+    return out
+
+
+def sync_sys_tree(state):
+    """Write an NVIDIA node's fake /sys/module tree from the state (no-op for other vendors)."""
+    root = state.get('sys_root')
+    if state.get('vendor') != 'nvidia' or not root:
+        return
+    if os.path.isdir(root) and os.listdir(root) and not os.path.exists(os.path.join(root, SYS_MARKER)):
+        raise StateError('%s exists and was not made by gpusim: choose another state path' % root)
+    _put(os.path.join(root, SYS_MARKER), 'fake /sys/module tree of a gpusim NVIDIA node; gpusim rewrites it\n')
+    for name, info in sorted((state.get('kernel_modules') or {}).items()):
+        base = os.path.join(root, 'module', name)
+        _put(os.path.join(base, 'refcnt'), '%d\n' % int(info.get('refcnt') or 0))
+        holders = os.path.join(base, 'holders')
+        os.makedirs(holders, exist_ok=True)
+        wanted = set(info.get('holders') or [])
+        for entry in os.listdir(holders):
+            if entry not in wanted:
+                os.unlink(os.path.join(holders, entry))
+        for entry in wanted:
+            _put(os.path.join(holders, entry), '')
 
 
 # ---------------------------------------------------------------------------

@@ -725,6 +725,8 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
             if decision.decision == 'act':
                 decision.outcome = {'result': 'test', 'would': decision.violation.action if mode == 'enforce' else 'log only (mode %s)' % mode,
                                     'pids': list(decision.violation.pids)}
+    if policy.remediation.enabled:
+        summary['remediation'] = remediate_tick(paths, policy, mode, snapshot, write, tick_id, host, warnings)
     records = []
     for decision in decisions:
         entry = decision.to_dict(patterns)
@@ -764,6 +766,46 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
     summary['duration'] = round(time.time() - wall0, 3)
     summary['cpu'] = round(time.process_time() - cpu0, 3)
     return summary
+
+
+def remediation_options(policy, paths):
+    """RemediateOptions from the policy's ``remediation`` section; the ladder's state lives next to the guard's."""
+    from .killer import DEFAULT_PROTECT_NAMES  # pylint: disable=import-outside-toplevel
+    from .remediate import RemediateOptions  # pylint: disable=import-outside-toplevel  (only when enabled)
+    section = policy.remediation
+    return RemediateOptions(kill_application_xids=section.kill_application_xids, reset=section.reset,
+                            kill_processes=section.kill_processes, stop_services=section.stop_services,
+                            protect_names=tuple(sorted(set(DEFAULT_PROTECT_NAMES) | set(policy.protect.names))),
+                            protect_users=tuple(sorted(policy.protect.users)), drain=section.drain,
+                            drain_command=section.drain_command, node_name=section.node_name, reboot_flag=section.reboot_flag,
+                            orphan_threshold_mib=section.orphan_threshold_mib, verify_timeout=section.verify_timeout,
+                            state_path=os.path.join(os.path.dirname(paths.state), 'remediation.json') if paths.state else None,
+                            audit_path=paths.audit_log or None)
+
+
+def remediate_tick(paths, policy, mode, snapshot, write, tick_id, host, warnings, run=None):
+    """The remediation ladder of one tick (policy ``remediation``): acts in mode enforce only; in
+    dry-run, warn and ``test`` it predicts (check mode).  Each GPU step and node step is logged
+    (``guard_remediation``) with its evidence; GPUs with nothing to do are not.  ``run`` is a seam."""
+    from .remediate import remediate  # pylint: disable=import-outside-toplevel
+    check_mode = mode != 'enforce' or not write
+    try:
+        result = (run or remediate)(remediation_options(policy, paths), check_mode=check_mode, snapshot=snapshot)
+    except (GpuFleetError, OSError) as exc:
+        warnings.append('the remediation ladder failed: %s' % exc)
+        return {'error': str(exc)}
+    warnings.extend(result.get('warnings') or [])
+    warnings.extend(result.get('errors') or [])
+    if write:
+        base = {'event': 'guard_remediation', 'tick': tick_id, 'host': host, 'mode': mode, 'check_mode': check_mode}
+        for gpu in result['gpus']:
+            for step in gpu['ladder']:
+                _log(paths, dict(base, gpu={'index': gpu['index'], 'key': gpu['key']}, findings=gpu['findings'], **step), warnings)
+        for name in ('drain', 'undrain', 'reboot_flag'):
+            outcome = result['node'].get(name)
+            if outcome and outcome.get('status') not in ('already', 'present'):
+                _log(paths, dict(base, step=name, node=True, **outcome), warnings)
+    return result
 
 
 def _write_metrics(paths, snapshot, violations, counters, tick, mode, valid, enabled, warnings):

@@ -1330,6 +1330,66 @@ def _rogue(value, path):
     return rogue
 
 
+class RemediationPolicy(object):
+    """The guard's remediation ladder (core/remediate.py): off unless ``enabled``."""
+
+    def __init__(self, enabled=False, kill_application_xids=True, reset=True, kill_processes=False, stop_services=(),
+                 drain=True, drain_command=None, reboot_flag='/var/lib/gpufleet/reboot-wanted', orphan_threshold_mib=1024,
+                 verify_timeout=60.0, node_name=None):
+        self.enabled = enabled
+        self.kill_application_xids = kill_application_xids
+        self.reset = reset
+        self.kill_processes = kill_processes
+        self.stop_services = list(stop_services)
+        self.drain = drain
+        self.drain_command = drain_command
+        self.reboot_flag = reboot_flag
+        self.orphan_threshold_mib = orphan_threshold_mib
+        self.verify_timeout = verify_timeout
+        self.node_name = node_name
+
+
+REMEDIATION_KEYS = ('enabled', 'kill_application_xids', 'reset', 'kill_processes', 'stop_services', 'drain', 'drain_command',
+                    'reboot_flag', 'orphan_threshold_mib', 'verify_timeout', 'node_name')
+
+
+def _remediation(value, path):
+    if value is None or value is False:
+        return RemediationPolicy()
+    if value is True:
+        return RemediationPolicy(enabled=True)
+    _dict(value, path)
+    errors = _Errors()
+    errors.run(_only, value, path, REMEDIATION_KEYS)
+    out = RemediationPolicy(enabled=errors.run(_bool, value.get('enabled', True), _join(path, 'enabled')))
+    for key in ('kill_application_xids', 'reset', 'kill_processes', 'drain'):
+        if key in value:
+            setattr(out, key, errors.run(_bool, value[key], _join(path, key)))
+    services = value.get('stop_services')
+    if services is not None:
+        from .reset import UNIT_RE  # pylint: disable=import-outside-toplevel  (only for this key: the tick stays light)
+        services = [services] if services == 'auto' else errors.run(_list, services, _join(path, 'stop_services')) or []
+        for unit in services:
+            if not isinstance(unit, str) or not UNIT_RE.match(unit):
+                errors.add(_join(path, 'stop_services'), unit, 'not a systemd unit name (or auto)')
+        out.stop_services = list(services)
+    if value.get('drain_command') is not None:
+        out.drain_command = errors.run(_command, value['drain_command'], _join(path, 'drain_command'))
+    if 'reboot_flag' in value:
+        flag = value['reboot_flag']
+        out.reboot_flag = None if flag is False else errors.run(_abs_path, flag, _join(path, 'reboot_flag'))
+    if 'orphan_threshold_mib' in value:
+        out.orphan_threshold_mib = errors.run(_count, value['orphan_threshold_mib'], _join(path, 'orphan_threshold_mib'))
+    if 'verify_timeout' in value:
+        out.verify_timeout = errors.run(_duration, value['verify_timeout'], _join(path, 'verify_timeout'))
+    name = value.get('node_name')
+    if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+        errors.add(_join(path, 'node_name'), name, 'expected a scheduler node name')
+    out.node_name = name
+    errors.check()
+    return out
+
+
 class Notify(object):
     def __init__(self, tty=True, webhook_url=None, webhook_timeout=5.0, command=None, redact_patterns=(), message=''):
         self.tty = tty
@@ -1410,6 +1470,7 @@ class Policy(object):
         self.protect = Protect()
         self.escalation = Escalation()
         self.rogue = RoguePolicy()
+        self.remediation = RemediationPolicy()
         self.notify = Notify(redact_patterns=[re.compile(p) for p in DEFAULT_REDACT_PATTERNS])
         self.allocations_file = None
         self.idle_max_gap_s = 600.0
@@ -1477,7 +1538,7 @@ class Policy(object):
 
 TOP_KEYS = ('version', 'enabled', 'mode', 'interval', 'description', 'metadata', 'lists', 'defaults', 'users', 'groups',
             'gpus', 'time_windows', 'exemptions', 'protect', 'escalation', 'rogue', 'require_allocation',
-            'allocations_file', 'notify', 'rules', 'idle_max_gap')
+            'allocations_file', 'notify', 'rules', 'idle_max_gap', 'remediation')
 GPUKILL_KEYS = ('global', 'user_policies', 'group_policies', 'gpu_policies', 'time_policies', 'enforcement')
 
 
@@ -1631,6 +1692,9 @@ def _parse_top(policy, data, errors):
     notify = errors.run(_notify, data.get('notify'), 'notify')
     if notify is not None:
         policy.notify = notify
+    remediation = errors.run(_remediation, data.get('remediation'), 'remediation')
+    if remediation is not None:
+        policy.remediation = remediation
     alloc = data.get('require_allocation')
     if alloc is not None:
         if isinstance(alloc, dict):

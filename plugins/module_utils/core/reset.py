@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import time
 
-from . import audit_log, notify
+from . import audit_log, kmod, notify
 from .backends import amd as amd_backend
 from .backends import nvidia as nvidia_backend
 from .backends.base import error_text, pci_bdf
@@ -50,8 +50,8 @@ from .text import printable
 
 PASS, FAIL, WARN, NOT_EXPOSED, NOT_APPLICABLE = 'pass', 'fail', 'warn', 'not_exposed', 'not_applicable'
 CHECK_NAMES = ('vendor', 'root', 'tool', 'mig', 'nvlink', 'fabric_manager', 'persistence_mode', 'nvml_session',
-               'services', 'blocking_clients', 'processes')
-TOOLS = ('nvidia-smi', 'amd-smi', 'xpu-smi', 'systemctl')
+               'recovery_action', 'kernel_modules', 'services', 'blocking_clients', 'processes')
+TOOLS = ('nvidia-smi', 'amd-smi', 'xpu-smi', 'systemctl', 'scontrol')
 
 # Clients that keep a GPU from being reset, with the systemd unit that usually runs each one.
 # They are never terminated (they are in the default protect_names): they are stopped as services.
@@ -64,9 +64,17 @@ BLOCKING_CLIENTS = (
     ('X', 'display-manager'),
     ('Xwayland', 'display-manager'),
     ('nvidia-smi', None),
+    ('nv-fabricmanager', 'nvidia-fabricmanager'),
+    ('nvidia-imex', 'nvidia-imex'),
 )
+# The units ``stop_services: [auto]`` may stop: those of the blocking clients found, when listed here.
+# A display manager is never stopped on its own: people work on it.
+STOPPABLE_UNITS = ('nvidia-persistenced', 'nvidia-dcgm', 'dcgm-exporter', 'nvidia-fabricmanager', 'nvidia-imex')
+AUTO = 'auto'
+# The driver's recovery actions (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) after which a reset cannot help.
+REBOOT_ACTIONS = ('reboot',)
 COMM_LEN = 15                                     # the kernel keeps 15 characters of a process name
-_UNIT_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9:_.@\\-]*$')
+UNIT_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9:_.@\\-]*$')
 RELEASE_TIMEOUT = 10.0                            # seconds for the driver to drop killed processes
 SIGKILL_WAIT = 5.0
 
@@ -98,8 +106,8 @@ class ResetOptions(object):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise InvalidArgument(name, value, 'expected a number, 0 or more')
         for unit in stop_services or ():
-            if not isinstance(unit, str) or not _UNIT_RE.match(unit):
-                raise InvalidArgument('stop_services', unit, 'not a systemd unit name')
+            if not isinstance(unit, str) or not UNIT_RE.match(unit):
+                raise InvalidArgument('stop_services', unit, 'not a systemd unit name (or auto)')
         self.gpus = [str(g) for g in gpus] if gpus else None
         self.all_gpus = bool(all_gpus)
         self.when_needed = bool(when_needed)
@@ -108,7 +116,8 @@ class ResetOptions(object):
         self.kill_timeout = float(kill_timeout)
         self.protect_names = tuple(protect_names or ())
         self.protect_users = tuple(protect_users or ())
-        self.stop_services = list(stop_services or ())
+        self.stop_services = [u for u in stop_services or () if u != AUTO]
+        self.auto_services = AUTO in (stop_services or ())
         self.drain = bool(drain)
         self.verify_timeout = float(verify_timeout)
         self.vendor = vendor
@@ -131,15 +140,16 @@ class Host(object):
     """Everything outside Python that a reset uses.  The defaults are the real host; tests pass seams.
 
     tools: name -> absolute path or None (default: shutil.which of TOOLS).  runner(argv) -> (rc, out, err).
-    sys_root: where sysfs is (Intel PCI reset).  dev_roots, factories: passed to take_snapshot.
+    sys_root: where sysfs is (Intel PCI reset, kernel-module references; default kmod.sys_root()).
+    dev_roots, factories: passed to take_snapshot.
     nvml: the pynvml module for drain and NVLink queries.  amdsmi: the amdsmi module, or False for "not installed".
     """
 
-    def __init__(self, tools=None, runner=None, sys_root='/sys', dev_roots=None, factories=None, nvml=None, amdsmi=None,
+    def __init__(self, tools=None, runner=None, sys_root=None, dev_roots=None, factories=None, nvml=None, amdsmi=None,
                  euid=None, clock=time.monotonic, sleep=time.sleep, poll=0.5):
         self.tools = dict((name, shutil.which(name)) for name in TOOLS) if tools is None else dict(tools)
         self.runner = runner or run_command
-        self.sys_root = sys_root
+        self.sys_root = kmod.sys_root(sys_root)
         self.dev_roots = dev_roots
         self.factories = factories
         self.nvml = nvml
@@ -167,6 +177,18 @@ class Host(object):
             return True, None
         module, error = amd_backend.import_amdsmi()
         return module is not None, error
+
+
+def module_host(module):
+    """The real host of an Ansible module: tools found by ``module.get_bin_path``, commands run by
+    ``module.run_command`` (argument lists)."""
+    def runner(argv):
+        try:
+            return module.run_command(argv, handle_exceptions=False)
+        except OSError as exc:  # never fail_json half-way: the undo steps (persistence mode, drain, services) must run
+            return 127, '', '%s: %s' % (argv[0], exc)
+
+    return Host(tools=dict((name, module.get_bin_path(name)) for name in TOOLS), runner=runner)
 
 
 # ---------------------------------------------------------------------------- one GPU
@@ -220,6 +242,8 @@ class GpuReset(object):
         self.seconds = None
         self.touched = False
         self.notes = []
+        self.kernel_modules = []
+        self.reboot_reason = None
 
     @property
     def target(self):
@@ -250,7 +274,8 @@ class GpuReset(object):
             'method': self.method, 'command': self.command, 'output': self.output,
             'persistence_mode': dict(self.persistence), 'drain': dict(self.drain),
             'before': self.before, 'after': self.after, 'verified': self.verified, 'seconds': self.seconds,
-            'error': self.error,
+            'error': self.error, 'kernel_modules': [r.to_dict() for r in self.kernel_modules],
+            'reboot_recommended': self.reboot_reason is not None, 'reboot_reason': self.reboot_reason,
         }
 
 
@@ -434,6 +459,66 @@ def _check_session(item, host):
         item.check('nvml_session', PASS, 'this process holds no NVML session')
 
 
+def recovery_action(dev):
+    """The driver's recovery action for ``dev`` (gpu_facts ``recovery_action``: none, reset, reboot, drain_p2p,
+    drain_and_reset), or None where the driver cannot tell."""
+    value = getattr(dev, 'recovery_action', None)
+    return value if isinstance(value, str) and value else None
+
+
+def _check_recovery(item):
+    action = recovery_action(item.dev)
+    if action is None:
+        item.check('recovery_action', NOT_EXPOSED, 'the driver does not report a recovery action for this GPU')
+    elif action in REBOOT_ACTIONS:
+        item.reboot_reason = 'the driver\'s recovery action is %s: a reset cannot recover this GPU' % action
+        item.check('recovery_action', FAIL, '%s; reboot the node' % item.reboot_reason)
+    else:
+        item.check('recovery_action', PASS, 'the driver\'s recovery action is %s' % action)
+
+
+def uvm_files(snapshot):
+    """How many processes hold /dev/nvidia-uvm open (their nvidia_uvm references are theirs)."""
+    count = 0
+    for proc in list(snapshot.processes) + list(snapshot.holders):
+        paths = getattr(proc, 'device_paths', None) or getattr(proc, 'devices', None) or ()
+        if any(os.path.basename(p) == 'nvidia-uvm' for p in paths):
+            count += 1
+    return count
+
+
+def kernel_blockers(snapshot, host):
+    """(all ModuleRefs, the blocking ones) of the NVIDIA companion modules, read now."""
+    refs = kmod.module_refs(host.sys_root, uvm_files=uvm_files(snapshot))
+    return refs, kmod.blocking(refs)
+
+
+def _check_kernel_modules(item, snapshot, host):
+    refs, blocking = kernel_blockers(snapshot, host)
+    item.kernel_modules = refs
+    unreadable = [r for r in refs if r.error]
+    if blocking:
+        item.reboot_reason = 'kernel references keep the driver in use (%s); a reboot clears them' % \
+            '; '.join(r.describe() for r in blocking)
+        item.check('kernel_modules', FAIL, '%s: a kernel client (the DRM console or a display server for nvidia_drm and '
+                                           'nvidia_modeset) holds the driver; stop it and unload the module (modprobe -r '
+                                           '%s), or reboot the node' % ('; '.join(r.describe() for r in blocking),
+                                                                       ' '.join(r.name for r in blocking)))
+    elif unreadable:
+        item.check('kernel_modules', WARN, '; '.join('%s: %s' % (r.name, r.error) for r in unreadable))
+    elif not any(r.loaded for r in refs):
+        item.check('kernel_modules', PASS, 'none of %s is loaded' % ', '.join(kmod.BLOCKING_MODULES))
+    else:
+        item.check('kernel_modules', PASS, 'no kernel reference beyond holder modules and processes (%s)'
+                   % ', '.join('%s refcnt %s' % (r.name, r.refcnt) for r in refs if r.loaded))
+
+
+def _stoppable(blocker, options):
+    """Whether the caller lets this run stop ``blocker``'s unit."""
+    unit = blocker.get('unit')
+    return bool(options.stop_services) or (options.auto_services and unit in STOPPABLE_UNITS)
+
+
 def _check_users(item, snapshot, options, host):
     dev = item.dev
     procs, blockers = users_of(snapshot, dev)
@@ -442,8 +527,16 @@ def _check_users(item, snapshot, options, host):
         names = '; '.join('%s (pid %s) holds %s' % (b['client'], b['pid'], ', '.join(b.get('devices') or ['the GPU']))
                           for b in blockers)
         units = sorted(set(b['unit'] for b in blockers if b['unit']))
+        stuck = [b for b in blockers if not _stoppable(b, options)]
         if options.stop_services:
             item.check('blocking_clients', WARN, '%s; checked again after stopping %s' % (names, ', '.join(options.stop_services)))
+        elif options.auto_services and not stuck:
+            item.check('blocking_clients', WARN, '%s; stop_services auto stops %s, checks again, and starts them afterwards'
+                       % (names, ', '.join(units)))
+        elif options.auto_services:
+            item.check('blocking_clients', FAIL, '%s: stop_services auto stops only %s; stop %s yourself' % (
+                names, ', '.join(STOPPABLE_UNITS), ', '.join('%s (pid %s, unit %s)' % (b['client'], b['pid'], b['unit'] or 'none')
+                                                             for b in stuck)))
         else:
             hint = 'for example with stop_services: [%s]' % ', '.join(units) if units else 'stop it'
             item.check('blocking_clients', FAIL, '%s: these clients block a reset; stop them first, %s' % (names, hint))
@@ -500,9 +593,18 @@ def evaluate(items, snapshot, options, host):
         _check_vendor_and_tool(item, host)
         if item.dev.vendor == 'nvidia':
             _check_nvidia(item, host)
+            _check_recovery(item)
+            _check_kernel_modules(item, snapshot, host)
         elif item.dev.vendor in ('amd', 'intel'):
-            for name in ('mig', 'nvlink', 'fabric_manager', 'persistence_mode', 'nvml_session'):
+            for name in ('mig', 'nvlink', 'fabric_manager', 'persistence_mode', 'nvml_session', 'recovery_action', 'kernel_modules'):
                 item.check(name, NOT_APPLICABLE, 'NVIDIA only')
+        if options.auto_services and not options.stop_services:
+            if host.tool('systemctl'):
+                item.check('services', PASS, 'stop_services auto: stops the units of the blocking clients found (of %s) before '
+                                             'the reset and starts them again afterwards' % ', '.join(STOPPABLE_UNITS))
+            else:
+                item.check('services', FAIL, 'stop_services auto needs systemctl, which was not found: stop the services '
+                                             'yourself and leave stop_services empty')
         if options.stop_services:
             if host.tool('systemctl'):
                 item.check('services', PASS, 'stops %s (those active) before the reset and starts them again afterwards'
@@ -571,7 +673,10 @@ def _nvidia_smi(host, item, *args):
 
 
 def reset_nvidia(item, host):
-    """``nvidia-smi --gpu-reset -i <bus id>``; returns an error text or None."""
+    """``nvidia-smi --gpu-reset -i <bus id>``; returns an error text or None.
+
+    "In use by another client" names the kernel references left at that moment (kmod) when there are any.
+    """
     rc, text, argv = _nvidia_smi(host, item, '--gpu-reset')
     item.method, item.command, item.output = 'nvidia-smi', argv, text
     if rc == 0:
@@ -579,8 +684,13 @@ def reset_nvidia(item, host):
     hint = ''
     low = text.lower()
     if 'in use by another client' in low or 'being used' in low:
-        hint = ': processes or NVML clients still use the GPU; set kill_processes: true, and stop monitoring agents ' \
-               '(stop_services: [nvidia-dcgm, dcgm-exporter, nvidia-persistenced])'
+        refs = kmod.blocking(kmod.module_refs(host.sys_root))
+        if refs:
+            hint = ': kernel references keep the driver in use (%s); unload the module or reboot the node' % \
+                '; '.join(r.describe() for r in refs)
+        else:
+            hint = ': processes or NVML clients still use the GPU; set kill_processes: true, and stop monitoring agents ' \
+                   '(stop_services: [nvidia-dcgm, dcgm-exporter, nvidia-persistenced], or auto)'
     elif 'persistence mode' in low:
         hint = ': switch persistence mode off first (nvidia-smi -pm 0 -i %s)' % item.target
     elif 'permission' in low:
@@ -821,6 +931,8 @@ def _act(item, options, host, warnings):
         item.status = 'reset'
     else:
         item.fail(error)
+        if item.method is not None and item.reboot_reason is None:
+            item.reboot_reason = 'the reset failed or did not verify: %s' % error
 
 
 def _audit(item, options, warnings):
@@ -838,7 +950,7 @@ def _audit(item, options, warnings):
         warnings.append(str(exc))
 
 
-def _recheck_blockers(items, host, options):
+def _recheck_blockers(items, host, options, units):
     """After stop_services: fail the GPUs that blocking clients still hold."""
     snapshot = host.snapshot(vendor=options.vendor, gather_processes=True)
     for item in items:
@@ -849,11 +961,11 @@ def _recheck_blockers(items, host, options):
         if blockers:
             names = ', '.join('%s (pid %s)' % (b['client'], b['pid']) for b in blockers)
             item.check('blocking_clients', FAIL, 'still running after stopping %s: %s; stop the service that runs it and add '
-                                                 'it to stop_services' % (', '.join(options.stop_services), names))
+                                                 'it to stop_services' % (', '.join(units), names))
             item.blockers = blockers
             item.fail('blocking_clients: %s' % item.checks[-1].detail)
         else:
-            item.check('blocking_clients', PASS, 'no blocking client left after stopping %s' % ', '.join(options.stop_services))
+            item.check('blocking_clients', PASS, 'no blocking client left after stopping %s' % ', '.join(units))
 
 
 # ---------------------------------------------------------------------------- the entry point
@@ -874,15 +986,15 @@ def reset(options, host=None, check_mode=False):
         else:
             item.status = 'would_reset' if check_mode else None
     ready = [item for item in items if item.status is None]
-    services = Services(options.stop_services, host)
-    if ready and options.stop_services:
+    services = Services(_units_to_stop(ready, options), host)
+    if ready and services.units:
         error = services.stop()
         if error is not None:
             for item in ready:
                 item.fail('stop_services: %s; nothing was reset' % error)
             ready = []
         elif services.stopped:
-            _recheck_blockers(ready, host, options)
+            _recheck_blockers(ready, host, options, services.units)
             ready = [item for item in ready if item.status is None]
     try:
         for item in ready:
@@ -897,6 +1009,17 @@ def reset(options, host=None, check_mode=False):
     finally:
         services.start()
     return _result(items, options, services, warnings, check_mode, host.clock() - started)
+
+
+def _units_to_stop(items, options):
+    """stop_services, plus with ``auto`` the stoppable units of the blocking clients of ``items``."""
+    units = list(options.stop_services)
+    if options.auto_services:
+        for item in items:
+            for blocker in item.blockers:
+                if blocker.get('unit') in STOPPABLE_UNITS and blocker['unit'] not in units:
+                    units.append(blocker['unit'])
+    return units
 
 
 def _result(items, options, services, warnings, check_mode, seconds):

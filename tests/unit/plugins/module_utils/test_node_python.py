@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import node_python
-from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_audit, gpu_facts, gpu_kill, gpu_reset
+from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_audit, gpu_facts, gpu_kill, gpu_remediate, gpu_reset
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 
 OTHER_UID = 65534  # nobody: any uid other than root's shows the check
@@ -292,7 +292,7 @@ def test_before_the_role_nothing_is_respawned_and_nothing_warned_here(node, resp
     assert respawn(node) == [] and respawns == []          # the backends' warning names the fix
 
 
-@pytest.mark.parametrize('module', [gpu_facts, gpu_kill, gpu_reset, gpu_audit], ids=lambda m: m.__name__.rsplit('.', 1)[1])
+@pytest.mark.parametrize('module', [gpu_facts, gpu_kill, gpu_reset, gpu_audit, gpu_remediate], ids=lambda m: m.__name__.rsplit('.', 1)[1])
 def test_each_module_calls_the_helper_once_its_arguments_are_parsed(module, monkeypatch):
     h.patch_module_exits(monkeypatch)
     seen = []

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, identity, reset
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, identity, kmod, reset
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import amd as amd_backend
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import nvidia as nvidia_backend
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends.base import Backend, pci_bdf
@@ -286,7 +286,8 @@ def test_leaked_memory_is_cleared_and_persistence_restored(node, audit):
     assert (state['leaked_mib'], state['reset_count'], state['persistence']) == (0, 1, True)
     assert gpu_state(node, 0)['reset_count'] == 0
     assert [c['name'] for c in gpu['preconditions']] == ['vendor', 'root', 'tool', 'mig', 'nvlink', 'fabric_manager',
-                                                         'persistence_mode', 'nvml_session', 'blocking_clients', 'processes']
+                                                         'persistence_mode', 'nvml_session', 'recovery_action', 'kernel_modules',
+                                                         'blocking_clients', 'processes']
     assert check_of(gpu, 'nvlink')['status'] == 'not_exposed' and check_of(gpu, 'fabric_manager')['status'] == 'not_exposed'
     assert check_of(gpu, 'nvml_session')['status'] == 'pass'
     log = audit_log.verify(audit)
@@ -791,3 +792,127 @@ def test_default_runner_runs_argument_lists():
     started = time.monotonic()
     assert reset.run_command([sys.executable, '-c', 'import time; time.sleep(5)'], timeout=0.2)[0] == 124
     assert time.monotonic() - started < 4
+
+
+# ---------------------------------------------------------------------------- complete blockers (issue 17)
+def sys_tree(root, modules):
+    """A fake /sys/module tree: {name: (refcnt, [holders])}."""
+    for name, (refcnt, holders) in modules.items():
+        base = os.path.join(root, 'module', name)
+        os.makedirs(os.path.join(base, 'holders'), exist_ok=True)
+        with open(os.path.join(base, 'refcnt'), 'w') as handle:
+            handle.write('%d\n' % refcnt)
+        for holder in holders:
+            open(os.path.join(base, 'holders', holder), 'w').close()
+    return root
+
+
+def test_module_refs_count_references_beyond_holders_and_uvm_files(tmp_path):
+    root = sys_tree(str(tmp_path), {'nvidia_modeset': (1, ['nvidia_drm']), 'nvidia_drm': (2, []), 'nvidia_uvm': (3, [])})
+    refs = dict((r.name, r) for r in kmod.module_refs(root, uvm_files=2))
+    assert (refs['nvidia_modeset'].references, refs['nvidia_modeset'].holders) == (0, ['nvidia_drm'])
+    assert refs['nvidia_drm'].references == 2 and 'nvidia_drm: 2 reference(s) (refcnt 2, holder modules none)' in refs['nvidia_drm'].describe()
+    assert (refs['nvidia_uvm'].references, refs['nvidia_uvm'].explained) == (1, 2)
+    assert [r.name for r in kmod.blocking(refs.values())] == ['nvidia_drm', 'nvidia_uvm']
+    # not loaded: no directory, no reference; a malformed count is an error, not a number
+    assert [r.loaded for r in kmod.module_refs(str(tmp_path / 'none'))] == [False, False, False]
+    with open(os.path.join(root, 'module', 'nvidia_drm', 'refcnt'), 'w') as handle:
+        handle.write('many\n')
+    drm = kmod.module_refs(root)[0]
+    assert drm.references == 0 and 'not a reference count' in drm.error
+
+
+def test_module_refs_read_the_sys_root_seam(tmp_path, monkeypatch):
+    root = sys_tree(str(tmp_path), {'nvidia_drm': (1, [])})
+    monkeypatch.setenv(kmod.SYS_ROOT_ENV, root)
+    assert kmod.sys_root() == root and reset.Host(tools={}).sys_root == root
+    assert kmod.module_refs()[0].references == 1
+
+
+def test_fabric_manager_and_imex_are_blocking_clients_only_with_a_trusted_identity():
+    exe = identity.ExeIdentity('/usr/bin/nv-fabricmanager', False, 2049, 7, 0, 0o100755, False)
+    system = identity.Identity(4242, 1000, 'S', 1, 4242, 0, 'x', (0, 0, 0, 0), exe)
+    user = identity.Identity(4242, 1000, 'S', 1, 4242, 0, 'x', (1001,) * 4, exe)
+    writable = identity.Identity(4242, 1000, 'S', 1, 4242, 0, 'x', (0, 0, 0, 0),
+                                 identity.ExeIdentity('/tmp/nv-fabricmanager', False, 2049, 7, 1001, 0o100755, True))
+
+    class P(object):
+        def __init__(self, name, ident):
+            self.name, self.exe, self.cmdline, self.identity = name, None, None, ident
+    assert reset.blocking_client(P('nv-fabricmanager', system)) == ('nv-fabricmanager', 'nvidia-fabricmanager')
+    assert reset.blocking_client(P('nvidia-imex', system)) == ('nvidia-imex', 'nvidia-imex')
+    assert reset.blocking_client(P('nv-fabricmanager', user)) is None
+    assert reset.blocking_client(P('nvidia-imex', writable)) is None
+
+
+@needs_root
+def test_a_kernel_reference_of_nvidia_drm_is_named_and_refused(node):
+    node.gpusim('leak', '--gpu', '1', '--mib', '4096')
+    node.gpusim('set', '--module-refcnt', 'nvidia_drm=1')
+    host = host_for(node, sys_root=node.state[:-len('.json')] + '-sys')
+    result = run(node, host=host, when_needed=True)
+    gpu = by_index(result)[1]
+    check = check_of(gpu, 'kernel_modules')
+    assert gpu['status'] == 'refused' and check['status'] == 'fail'
+    assert 'nvidia_drm: 1 reference(s) (refcnt 1, holder modules none)' in check['detail'] and 'modprobe -r nvidia_drm' in check['detail']
+    assert gpu['reboot_recommended'] and 'nvidia_drm' in gpu['reboot_reason']
+    assert [m['module'] for m in gpu['kernel_modules'] if m['references']] == ['nvidia_drm']
+    assert gpu_state(node, 1)['reset_count'] == 0
+    node.gpusim('set', '--module-refcnt', 'nvidia_drm=0')
+    result = run(node, host=host, when_needed=True)
+    assert result['reset_gpus'] == [1] and check_of(by_index(result)[1], 'kernel_modules')['status'] == 'pass'
+
+
+@needs_root
+def test_the_fake_nvidia_smi_names_a_reference_left_after_the_check(node):
+    node.gpusim('leak', '--gpu', '0', '--mib', '4096')
+    sysroot = node.state[:-len('.json')] + '-sys'
+
+    class Late(Recorder):
+        def __call__(self, argv):
+            if '--gpu-reset' in argv:  # a console takes nvidia_drm between the check and the reset
+                node.gpusim('set', '--module-refcnt', 'nvidia_drm=2')
+            return Recorder.__call__(self, argv)
+    result = run(node, host=host_for(node, runner=Late(), sys_root=sysroot), gpus=['0'])
+    gpu = by_index(result)[0]
+    assert gpu['status'] == 'failed' and 'kernel references keep the driver in use (nvidia_drm: 2 reference(s)' in gpu['error']
+    assert gpu['reboot_recommended']
+
+
+def test_a_reboot_recovery_action_is_refused_with_a_reboot_recommendation(node):
+    host = host_for(node)
+    snapshot = host.snapshot()
+    snapshot.all_devices[0].recovery_action = 'reboot'
+    host.snapshot = lambda vendor='auto', gather_processes=True: snapshot
+    result = run(node, host=host, gpus=['0'])
+    gpu = by_index(result)[0]
+    assert gpu['status'] == 'refused' and check_of(gpu, 'recovery_action')['status'] == 'fail'
+    assert gpu['reboot_recommended'] and 'recovery action is reboot' in gpu['reboot_reason']
+
+
+@needs_root
+def test_stop_services_auto_stops_the_blockers_unit_and_restores_it(node, blocker):
+    host = host_for(node, tools=tools(systemctl=os.path.join(blocker, 'systemctl')))
+    result = run(node, host=host, gpus=['0'], stop_services=['auto'], check_mode=True)
+    assert check_of(by_index(result)[0], 'blocking_clients')['status'] == 'warn' and systemctl_log(blocker) == []
+    result = run(node, host=host, gpus=['0'], stop_services=['auto'])
+    assert result['reset_gpus'] == [0] and result['services']['stopped'] == ['nvidia-dcgm']
+    assert systemctl_log(blocker) == [['is-active', '--quiet', 'nvidia-dcgm'], ['stop', 'nvidia-dcgm'], ['start', 'nvidia-dcgm']]
+
+
+@needs_root
+def test_stop_services_auto_is_restored_when_the_reset_fails(node, blocker):
+    host = host_for(node, runner=Recorder(fail_reset=[BUS[0]]), tools=tools(systemctl=os.path.join(blocker, 'systemctl')))
+    result = run(node, host=host, gpus=['0'], stop_services=['auto'])
+    assert result['failed_gpus'] == [0] and result['services']['started'] == ['nvidia-dcgm']
+    assert systemctl_log(blocker)[-1] == ['start', 'nvidia-dcgm']
+
+
+def test_stop_services_auto_refuses_a_unit_it_may_not_stop():
+    options = reset.ResetOptions(gpus=['0'], stop_services=['auto'])
+    item = reset.GpuReset(Device(vendor='nvidia', vendor_index=0, index=0), ['requested'])
+    display = {'pid': 77, 'name': 'Xorg', 'user': 'root', 'client': 'Xorg', 'unit': 'display-manager'}
+    assert not reset._stoppable(display, options)
+    assert reset._stoppable(dict(display, unit='nvidia-persistenced'), options)
+    item.blockers = [display, dict(display, unit='nvidia-persistenced', client='nvidia-persistenced', pid=78)]
+    assert reset._units_to_stop([item], options) == ['nvidia-persistenced']

@@ -1,0 +1,648 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+#
+# PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
+"""The remediation ladder: per GPU, classify -> kill the offending application -> verified reset
+-> drain the node -> flag it for a reboot; return the node to service once health reads clean.
+
+``plan_remediation(snapshot, options, ...)`` is the one planner (pure: a snapshot and the node's
+remembered state in, the steps out); ``remediate(options, host, check_mode)`` runs it for the
+gpu_remediate module and for the guard's ``remediation`` policy section.  Check mode predicts the
+whole ladder: the planned steps, and for each reset the reset's own check (reset.reset in check
+mode), so a reset that would be refused shows the drain and reboot flag that would follow.
+
+Inputs per GPU (gpu_facts): ``xid_events`` ({time, code, pid, pci_bus_id, message}),
+``recovery_action`` (none, reset, reboot, drain_p2p, drain_and_reset, or null), orphaned memory and
+health.  Each Xid is classified by core/xid.py (fault, remediation); a handled event is remembered
+in the ladder's state file (``state_path``) so that a rerun does not act on it again.
+
+Steps (``STEPS``):
+
+* ``kill_application``: application Xids (13, 31, 43, ...) name the pid of the offending process; it
+  is terminated through reclaim (identity checked before every signal, protected processes never),
+  only when it still runs on that GPU and started before the event (else the pid was reused).
+* ``reset``: GPU Xids, orphaned memory, health or a recovery action of reset: reset.reset on that
+  GPU (preconditions, blockers, verification).  A refused or failed reset escalates.
+* ``drain``: the node leaves the scheduler with a reason: Slurm's ``scontrol update nodename=N
+  state=drain reason=...`` where a root-vouched slurmd runs, else the ``drain_command`` hook
+  (argv + ``[drain, NODE, REASON]``), else reported as unavailable.  Only a drain this ladder set
+  is ever undone (``undrain``: ``state=resume`` / argv + ``[resume, NODE, REASON]``), and only once
+  every GPU reads clean and no reboot is pending.
+* ``reboot_flag``: a reset cannot help (Xid 79, recovery action reboot, kernel references) or
+  failed: the root-owned flag file (``reboot_flag``, JSON with the boot id, the GPUs and the
+  reasons) is written; a flag from an earlier boot is removed.  A GPU named in the flag waits for
+  the reboot: no other step touches it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import time
+
+from . import audit_log, safe_files
+from .errors import InvalidArgument
+from .killer import DEFAULT_PROTECT_NAMES
+from .processes import scheduler_daemon
+from .reclaim import ReclaimOptions, reclaim
+from .reset import RELEASE_TIMEOUT, SIGKILL_WAIT, Host, ResetOptions, recovery_action, reset
+from .select import Selector
+from .text import printable
+
+try:  # the Xid table (issue #17 item 2); until it is on this branch, the fallback below stands in
+    from . import xid as xid_table
+except ImportError:  # pragma: no cover - depends on the branch
+    xid_table = None
+
+STEPS = ('kill_application', 'reset', 'drain', 'reboot_flag', 'undrain')
+DEFAULT_REBOOT_FLAG = '/var/lib/gpufleet/reboot-wanted'
+DEFAULT_STATE_PATH = '/var/lib/gpufleet/remediation.json'
+BOOT_ID = '/proc/sys/kernel/random/boot_id'
+FLAG_LIMIT = 256 * 1024
+STATE_LIMIT = 4 * 1024 * 1024
+MAX_HANDLED = 2000
+REASON_LEN = 200
+REMEDIATIONS = ('kill_app', 'reset', 'drain', 'reboot')
+# recovery action -> steps; drain_and_reset is a reset with the GPU in the NVML drain state (gpu_reset drain)
+RECOVERY = {'reset': ('reset',), 'drain_and_reset': ('reset',), 'reboot': ('reboot',), 'drain_p2p': ('drain',)}
+
+# Stand-in for core/xid.py while it is not on this branch: (fault, remediation) of the codes of
+# NVIDIA's Xid catalogue that the ladder acts on.  Removed once core/xid.py lands.
+_FALLBACK_XIDS = {
+    13: ('application', 'kill_app'), 31: ('application', 'kill_app'), 43: ('application', 'kill_app'),
+    45: ('application', None), 48: ('gpu', 'reset'), 63: ('gpu', 'reset'), 64: ('gpu', 'drain'),
+    74: ('gpu', 'reset'), 79: ('gpu', 'reboot'), 92: ('gpu', 'drain'), 94: ('application', 'kill_app'),
+    95: ('gpu', 'reset'), 119: ('gpu', 'reset'), 120: ('gpu', 'reset'),
+}
+
+
+def classify_xid(code):
+    """(fault, remediation) of Xid ``code``: remediation one of REMEDIATIONS or None (nothing to do)."""
+    if xid_table is not None:
+        _meaning, fault, remediation = xid_table.classify(code)   # (meaning, fault, action)
+    else:
+        fault, remediation = _FALLBACK_XIDS.get(code, ('unknown', None))
+    return fault or 'unknown', remediation if remediation in REMEDIATIONS else None
+
+
+def _event_time(value):
+    """Epoch seconds of an event's ``time`` (a number or ISO 8601 text), or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and value:
+        try:
+            stamp = datetime.datetime.fromisoformat(value.replace('Z', '+00:00'))
+        except ValueError:
+            return None
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=datetime.timezone.utc)
+        return stamp.timestamp()
+    return None
+
+
+def xid_events(dev):
+    """The GPU's recent Xid events (gpu_facts ``xid_events``), each a dict with an int ``code``."""
+    out = []
+    for event in getattr(dev, 'xid_events', None) or ():
+        if not isinstance(event, dict):  # the model's event records
+            event = dict((key, getattr(event, key, None)) for key in ('time', 'code', 'pid', 'pci_bus_id', 'message'))
+        if isinstance(event, dict) and isinstance(event.get('code'), int) and not isinstance(event.get('code'), bool):
+            out.append(event)
+    return out
+
+
+def gpu_key(dev):
+    """How the ladder's files name a GPU: its UUID, else its PCI bus id, else ``index:N`` (a lost GPU answers neither)."""
+    return dev.uuid or dev.pci_bus_id or 'index:%s' % dev.index
+
+
+def event_key(dev, event):
+    return '%s|%s|%s|%s' % (gpu_key(dev), event.get('time'), event.get('code'), event.get('pid'))
+
+
+# ---------------------------------------------------------------------------- options
+def _number(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise InvalidArgument(name, value, 'expected a number, 0 or more')
+    return value
+
+
+def _abs(name, value):
+    if value and (not isinstance(value, str) or not value.startswith('/')):
+        raise InvalidArgument(name, value, 'expected an absolute path (or empty to turn it off)')
+    return value or None
+
+
+class RemediateOptions(object):
+    """What the ladder may do.  Validated here, before anything is read."""
+
+    def __init__(self, gpus=None, kill_application_xids=True, reset=True, kill_processes=False, kill_timeout=10.0,
+                 protect_names=DEFAULT_PROTECT_NAMES, protect_users=(), stop_services=(), orphan_threshold_mib=1024,
+                 verify_timeout=60.0, drain=True, drain_command=None, node_name=None, reboot_flag=DEFAULT_REBOOT_FLAG,
+                 state_path=DEFAULT_STATE_PATH, audit_path=None, vendor='auto'):
+        self.gpus = [str(g) for g in gpus] if gpus else None
+        self.kill_application_xids = bool(kill_application_xids)
+        self.reset = bool(reset)
+        self.kill_processes = bool(kill_processes)
+        self.kill_timeout = float(_number('kill_timeout', kill_timeout))
+        self.protect_names = tuple(protect_names or ())
+        self.protect_users = tuple(protect_users or ())
+        self.orphan_threshold_mib = _number('orphan_threshold_mib', orphan_threshold_mib)
+        self.verify_timeout = float(_number('verify_timeout', verify_timeout))
+        self.drain = bool(drain)
+        if drain_command is not None:
+            if isinstance(drain_command, str) or not isinstance(drain_command, (list, tuple)) or not drain_command or \
+                    not all(isinstance(a, str) and a for a in drain_command):
+                raise InvalidArgument('drain_command', drain_command, 'expected a non-empty argument list, never a shell line')
+            if not drain_command[0].startswith('/'):
+                raise InvalidArgument('drain_command', drain_command[0], 'the program is an absolute path')
+        self.drain_command = list(drain_command) if drain_command else None
+        if node_name is not None and (not isinstance(node_name, str) or not node_name or '=' in node_name or
+                                      any(c.isspace() for c in node_name)):
+            raise InvalidArgument('node_name', node_name, 'expected a scheduler node name (no spaces, no "=")')
+        self.node_name = node_name
+        self.reboot_flag = _abs('reboot_flag', reboot_flag)
+        self.state_path = _abs('state_path', state_path)
+        self.audit_path = _abs('audit_log', audit_path)
+        self.vendor = vendor
+        # the reset's own validation (stop_services names, auto)
+        self.reset_options = ResetOptions(gpus=['0'], kill_processes=kill_processes, kill_timeout=kill_timeout,
+                                          protect_names=protect_names, protect_users=protect_users,
+                                          stop_services=stop_services, orphan_threshold_mib=orphan_threshold_mib,
+                                          verify_timeout=verify_timeout, vendor=vendor, audit_path=audit_path)
+        self.stop_services = list(stop_services or ())
+
+    def reset_for(self, dev):
+        return ResetOptions(gpus=[str(dev.index)], kill_processes=self.kill_processes, kill_timeout=self.kill_timeout,
+                            protect_names=self.protect_names, protect_users=self.protect_users,
+                            stop_services=self.stop_services, orphan_threshold_mib=self.orphan_threshold_mib,
+                            verify_timeout=self.verify_timeout, vendor=dev.vendor, audit_path=self.audit_path,
+                            drain=recovery_action(dev) == 'drain_and_reset')
+
+
+# ---------------------------------------------------------------------------- remembered state
+def boot_id(path=BOOT_ID):
+    try:
+        with open(path) as handle:
+            return handle.read(64).strip() or None
+    except OSError:
+        return None
+
+
+def _read_json(path, limit):
+    """The JSON object in root's file ``path`` (checked, no link followed), {} when missing; (data, problem)."""
+    if not path:
+        return {}, None
+    try:
+        data = json.loads(safe_files.read_file(path, limit).decode('utf-8'))
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, ValueError) as exc:
+        return {}, 'cannot read %s: %s' % (path, getattr(exc, 'why', None) or getattr(exc, 'strerror', None) or exc)
+    return (data, None) if isinstance(data, dict) else ({}, '%s does not hold a JSON object' % path)
+
+
+def load_ladder_state(options):
+    state, problem = _read_json(options.state_path, STATE_LIMIT)
+    handled = state.get('handled') if isinstance(state.get('handled'), dict) else {}
+    drained = state.get('drained') if isinstance(state.get('drained'), dict) else None
+    return {'handled': handled, 'drained': drained}, problem
+
+
+def load_reboot_flag(options, current_boot):
+    """(the flag's data or None, stale: True when it was written before the last boot)."""
+    flag, _problem = _read_json(options.reboot_flag, FLAG_LIMIT)
+    if not flag:
+        return None, False
+    return flag, bool(current_boot) and flag.get('boot_id') != current_boot
+
+
+# ---------------------------------------------------------------------------- the planner
+class Step(object):
+    def __init__(self, name, why, evidence=None, pid=None, event=None):
+        self.name = name
+        self.why = why
+        self.evidence = evidence or {}
+        self.pid = pid
+        self.event = event
+        self.status = 'planned'
+        self.detail = None
+        self.result = None
+
+    def to_dict(self):
+        out = {'step': self.name, 'why': printable(self.why), 'evidence': self.evidence, 'status': self.status,
+               'detail': printable(self.detail)}
+        if self.pid is not None:
+            out['pid'] = self.pid
+        if self.result is not None:
+            out['result'] = self.result
+        return out
+
+
+class GpuLadder(object):
+    """The findings and the steps for one GPU."""
+
+    def __init__(self, dev):
+        self.dev = dev
+        self.findings = []
+        self.steps = []
+        self.handled = []           # event keys this ladder resolves once its steps ran
+        self.awaiting_reboot = None
+        self.status = 'ok'
+
+    def add(self, step):
+        if step.name in ('reset', 'drain', 'reboot_flag') and any(s.name == step.name for s in self.steps):
+            return
+        self.steps.append(step)
+
+    def ordered(self):
+        names = [s.name for s in self.steps]
+        if 'reboot_flag' in names:  # a reset cannot help: drain and wait for the reboot
+            self.steps = [s for s in self.steps if s.name != 'reset' or s.status != 'planned']
+            if 'drain' not in names:
+                self.steps.append(Step('drain', 'the GPU waits for a reboot'))
+        self.steps.sort(key=lambda s: STEPS.index(s.name))
+        return self.steps
+
+    def to_dict(self):
+        dev = self.dev
+        return {'index': dev.index, 'key': gpu_key(dev), 'uuid': dev.uuid, 'pci_bus_id': dev.pci_bus_id, 'name': dev.name,
+                'findings': list(self.findings), 'ladder': [s.to_dict() for s in self.steps], 'status': self.status,
+                'awaiting_reboot': self.awaiting_reboot, 'recovery_action': recovery_action(dev),
+                'health': dev.health.to_dict()}
+
+
+def _selected(snapshot, options):
+    devices = list(snapshot.all_devices)
+    if options.gpus:
+        wanted = set(options.gpus)
+        devices = [d for d in devices if str(d.index) in wanted or (d.uuid and d.uuid in wanted)]
+    return devices
+
+
+def _classify(ladder, dev, options, handled):
+    """Findings and steps from the Xid events, the recovery action, orphaned memory and health."""
+    for event in xid_events(dev):
+        key = event_key(dev, event)
+        fault, remediation = classify_xid(event['code'])
+        evidence = {'source': 'xid', 'code': event['code'], 'time': event.get('time'), 'pid': event.get('pid'),
+                    'fault': fault, 'remediation': remediation, 'message': printable(event.get('message'))}
+        if key in handled:
+            evidence['handled'] = handled[key]
+            ladder.findings.append(evidence)
+            continue
+        ladder.findings.append(evidence)
+        what = 'Xid %d (%s fault)' % (event['code'], fault)
+        if remediation == 'kill_app':
+            if event.get('pid') and options.kill_application_xids:
+                ladder.add(Step('kill_application', '%s names pid %s' % (what, event['pid']), evidence,
+                                pid=int(event['pid']), event=event))
+            ladder.handled.append(key)
+        elif remediation == 'reset':
+            ladder.add(Step('reset', what, evidence))
+            ladder.handled.append(key)
+        elif remediation == 'reboot':
+            ladder.add(Step('reboot_flag', '%s: a reset cannot recover the GPU' % what, evidence))
+            ladder.handled.append(key)
+        elif remediation == 'drain':
+            ladder.add(Step('drain', '%s: the GPU should take no new work' % what, evidence))
+            ladder.handled.append(key)
+        else:
+            ladder.handled.append(key)  # informational: recorded, nothing to do
+    action = recovery_action(dev)
+    if action in RECOVERY:
+        evidence = {'source': 'recovery_action', 'recovery_action': action}
+        ladder.findings.append(evidence)
+        for name in RECOVERY[action]:
+            ladder.add(Step('reboot_flag' if name == 'reboot' else name, 'the driver\'s recovery action is %s' % action, evidence))
+    if dev.orphaned_mib is None and dev.memory_used_mib is not None:
+        dev.compute_orphaned()
+    if dev.orphaned_mib is not None and dev.orphaned_mib > options.orphan_threshold_mib:
+        evidence = {'source': 'orphaned_memory', 'orphaned_mib': dev.orphaned_mib, 'threshold_mib': options.orphan_threshold_mib}
+        ladder.findings.append(evidence)
+        ladder.add(Step('reset', '%d MiB of GPU memory held by no process' % dev.orphaned_mib, evidence))
+    health = dev.health
+    if health.recommended_action in ('reset', 'reboot', 'drain'):
+        evidence = {'source': 'health', 'status': health.status, 'recommended_action': health.recommended_action,
+                    'reasons': list(health.reasons)}
+        ladder.findings.append(evidence)
+        name = {'reset': 'reset', 'reboot': 'reboot_flag', 'drain': 'drain'}[health.recommended_action]
+        ladder.add(Step(name, 'health %s: %s' % (health.status, '; '.join(health.reasons) or health.recommended_action), evidence))
+    if not options.reset:
+        for step in ladder.steps:
+            if step.name == 'reset':
+                step.name, step.why = 'drain', '%s (reset is off: drained instead)' % step.why
+
+
+def plan_remediation(snapshot, options, ladder_state=None, reboot_flag=None):
+    """One GpuLadder per selected GPU (the steps in ladder order) for ``snapshot``.
+
+    ``ladder_state``: the remembered state (handled events); ``reboot_flag``: the current boot's flag
+    (its GPUs wait for the reboot: their steps are left out).
+    """
+    handled = (ladder_state or {}).get('handled') or {}
+    waiting = ((reboot_flag or {}).get('gpus') or {})
+    ladders = []
+    for dev in _selected(snapshot, options):
+        ladder = GpuLadder(dev)
+        _classify(ladder, dev, options, handled)
+        if gpu_key(dev) in waiting:
+            ladder.awaiting_reboot = waiting[gpu_key(dev)]
+            ladder.steps = []
+            ladder.status = 'awaiting_reboot'
+        else:
+            ladder.ordered()
+            ladder.status = 'needs_remediation' if ladder.steps else 'ok'
+        ladders.append(ladder)
+    return ladders
+
+
+# ---------------------------------------------------------------------------- running the steps
+class Node(object):
+    """Node-wide steps: the scheduler drain and the reboot flag."""
+
+    def __init__(self, options, host, scheduler):
+        self.options = options
+        self.host = host
+        self.scheduler = scheduler
+        self.name = options.node_name or socket.gethostname().split('.')[0]
+
+    def drain_argv(self, verb, reason):
+        """The command that drains (``drain``) or returns (``resume``) the node, or (None, why not)."""
+        scontrol = self.host.tool('scontrol')
+        if self.scheduler == 'slurmd' and scontrol:
+            argv = [scontrol, 'update', 'nodename=%s' % self.name, 'state=%s' % verb]
+            return argv + (['reason=%s' % reason] if verb == 'drain' else []), 'slurm'
+        if self.options.drain_command:
+            return self.options.drain_command + [verb, self.name, reason], 'drain_command'
+        if self.scheduler == 'slurmd':
+            return None, 'slurmd runs but scontrol was not found'
+        return None, 'no root-vouched slurmd runs here and no drain_command is set'
+
+
+def _reason(parts):
+    text = 'gpufleet: ' + '; '.join(parts)
+    text = printable(text).replace('\n', ' ')
+    return text[:REASON_LEN]
+
+
+def _kill(step, dev, options, host, check_mode):
+    """Terminate the pid an application Xid names, if it is still that GPU's process and older than the event."""
+    snapshot = host.snapshot(vendor=options.vendor, gather_processes=True)
+    pid = step.pid
+    proc = next((p for p in snapshot.processes if p.pid == pid), None)
+    now_dev = next((d for d in snapshot.all_devices if d.uuid == dev.uuid), None)
+    if proc is None or now_dev is None or now_dev.index not in (proc.gpu_indexes or []):
+        step.status, step.detail = 'done', 'pid %d no longer runs on GPU %s: nothing to terminate' % (pid, dev.index)
+        return False
+    when = _event_time(step.event.get('time')) if step.event else None
+    if when is not None and proc.create_time is not None and proc.create_time > when + 1.0:
+        step.status, step.detail = 'skipped', 'pid %d started after the Xid (the pid was reused): not terminated' % pid
+        return False
+    ropts = ReclaimOptions(signal='TERM', timeout=options.kill_timeout, force=True, tree=True, release_timeout=RELEASE_TIMEOUT,
+                           protect_names=options.protect_names, protect_users=options.protect_users, vendor=dev.vendor,
+                           audit_path=options.audit_path, kill_timeout=SIGKILL_WAIT)
+    result = reclaim(Selector(pids=[pid], gpus=[str(now_dev.index)]), ropts, check_mode=check_mode, snapshot=snapshot,
+                     dev_roots=host.dev_roots)
+    step.result = {'killed': result['killed'], 'skipped': result['skipped'], 'failed': result['failed']}
+    if result['killed']:
+        step.status = 'would_run' if check_mode else 'done'
+        step.detail = '%s pid %d (%s)' % ('would terminate' if check_mode else 'terminated', pid, proc.name)
+        return not check_mode
+    why = '; '.join(str(e.get('reason')) for e in result['skipped'] + result['failed']) or 'not selected'
+    step.status, step.detail = ('would_fail' if check_mode else 'failed') if result['failed'] else 'skipped', \
+        'pid %d was not terminated: %s' % (pid, why)
+    return False
+
+
+def _reset(step, dev, options, host, check_mode):
+    """reset.reset on this GPU; returns (changed, escalate reason or None)."""
+    result = reset(options.reset_for(dev), host, check_mode=check_mode)
+    entry = result['resets'][0] if result['resets'] else None
+    step.result = {'msg': result['msg'], 'services': result['services']}
+    if entry is None:
+        step.status, step.detail = 'done', 'the GPU is not selected any more'
+        return False, None
+    step.result.update(status=entry['status'], verified=entry['verified'], preconditions=entry['preconditions'],
+                       blocking_clients=entry['blocking_clients'], kernel_modules=entry['kernel_modules'])
+    changed = result['changed'] and not check_mode
+    if entry['status'] in ('reset', 'would_reset'):
+        step.status = 'would_run' if check_mode else 'done'
+        step.detail = 'would reset' if check_mode else 'reset and verified'
+        return changed, None
+    step.status = 'would_be_refused' if check_mode and entry['status'] == 'refused' else entry['status']
+    step.detail = entry['error']
+    if entry.get('reboot_recommended'):
+        return changed, entry['reboot_reason']
+    return changed, None
+
+
+class Run(object):
+    """One pass of the ladder over the node: what changed, what was logged."""
+
+    def __init__(self, options, host, check_mode):
+        self.options = options
+        self.host = host
+        self.check_mode = check_mode
+        self.changed = False
+        self.warnings = []
+        self.errors = []
+
+    def audit(self, record):
+        if self.check_mode or not self.options.audit_path:
+            return
+        record = dict(record, event='gpu_remediation', actor=audit_log.actor())
+        try:
+            audit_log.append(self.options.audit_path, record)
+        except audit_log.AuditLogError as exc:
+            self.warnings.append(str(exc))
+
+
+def _write_flag(options, flag):
+    safe_files.write_atomic(options.reboot_flag, json.dumps(flag, indent=1, sort_keys=True) + '\n', mode=0o644)
+
+
+def _remove(path):
+    directory, name = os.path.split(path)
+    dir_fd = safe_files.open_dir(directory)
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=None, now=None):
+    """Run the ladder once and return the result (gpu_remediate's return values).
+
+    ``snapshot`` (the guard's tick), ``scheduler`` ('slurmd', 'kubelet' or None; default read from
+    /proc) and ``now`` are seams.  Nothing is changed in ``check_mode``.
+    """
+    now = time.time() if now is None else now
+    host = host or Host()
+    run = Run(options, host, check_mode)
+    if snapshot is None:
+        snapshot = host.snapshot(vendor=options.vendor, gather_processes=True)
+    run.warnings.extend(snapshot.errors)
+    current_boot = boot_id()
+    state, problem = load_ladder_state(options)
+    if problem:
+        run.warnings.append(problem)
+    flag, stale = load_reboot_flag(options, current_boot)
+    flag_removed = False
+    if stale:
+        if not check_mode:
+            _remove(options.reboot_flag)
+            run.changed = True
+            run.audit({'step': 'reboot_flag', 'status': 'removed', 'why': 'written before the last boot', 'flag': flag})
+        flag_removed = True
+        flag = None
+    ladders = plan_remediation(snapshot, options, state, flag)
+    node = Node(options, host, scheduler_daemon() if scheduler is None else scheduler)
+    reboot_wanted = dict((flag or {}).get('gpus') or {})
+    drain_reasons = []
+    for ladder in ladders:
+        _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons)
+        if not check_mode:
+            for key in ladder.handled:
+                state['handled'][key] = now
+    node_steps = _node_steps(run, node, options, state, flag, reboot_wanted, drain_reasons, ladders, current_boot, now)
+    for ladder in ladders:  # the GPU's node-wide steps carry the node's outcome
+        for step in ladder.steps:
+            outcome = node_steps.get('drain' if step.name == 'drain' else 'reboot_flag') if step.status == 'node' else None
+            if outcome:
+                step.status, step.detail = 'node_%s' % outcome['status'], outcome.get('detail') or outcome.get('reason')
+    if not check_mode and options.state_path:
+        _save_state(options, state, run)
+    return _result(run, ladders, node_steps, reboot_wanted, state, flag_removed)
+
+
+def _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons):
+    dev = ladder.dev
+    label = 'GPU %s (%s)' % (dev.index, dev.pci_bus_id or dev.uuid or 'not answering')
+    escalate = None
+    for step in list(ladder.steps):
+        if step.name == 'kill_application':
+            run.changed |= _kill(step, dev, options, host, run.check_mode)
+        elif step.name == 'reset':
+            changed, escalate = _reset(step, dev, options, host, run.check_mode)
+            run.changed |= changed
+            if step.status not in ('done', 'would_run'):
+                if escalate is not None:
+                    ladder.add(Step('reboot_flag', escalate, {'source': 'reset', 'error': step.detail}))
+                ladder.add(Step('drain', 'the reset did not recover the GPU', {'source': 'reset', 'error': step.detail}))
+        if step.name in ('kill_application', 'reset'):
+            run.audit({'step': step.name, 'status': step.status, 'why': step.why, 'detail': step.detail,
+                       'evidence': step.evidence, 'gpu': {'index': dev.index, 'uuid': dev.uuid, 'pci_bus_id': dev.pci_bus_id},
+                       'pid': step.pid, 'result': step.result})
+    rebooting = any(step.name == 'reboot_flag' for step in ladder.steps)
+    for step in ladder.steps:   # the node-wide steps: carried out once for the node (_node_steps)
+        if step.name == 'drain':
+            if not rebooting:   # the reboot's reason says it
+                drain_reasons.append('%s: %s' % (label, step.why))
+            step.status = 'node'
+        elif step.name == 'reboot_flag':
+            reboot_wanted[gpu_key(dev)] = printable(step.why)
+            drain_reasons.append('%s: reboot wanted (%s)' % (label, step.why))
+            step.status = 'node'
+    ladder.ordered()
+    if any(s.name == 'reboot_flag' for s in ladder.steps):
+        ladder.status = 'reboot_wanted'
+    elif any(s.status in ('failed', 'refused', 'would_fail', 'would_be_refused') for s in ladder.steps):
+        ladder.status = 'blocked'
+    elif ladder.steps:
+        ladder.status = 'would_remediate' if run.check_mode else 'remediated'
+
+
+def _node_steps(run, node, options, state, flag, reboot_wanted, drain_reasons, ladders, current_boot, now):
+    out = {'scheduler': node.scheduler, 'node_name': node.name, 'drain': None, 'undrain': None, 'reboot_flag': None}
+    flag_gpus = dict((flag or {}).get('gpus') or {})
+    if options.reboot_flag and reboot_wanted and reboot_wanted != flag_gpus:
+        new_flag = {'boot_id': current_boot, 'time': audit_log.now_iso(), 'gpus': reboot_wanted,
+                    'reasons': sorted(set(reboot_wanted.values()))}
+        step = {'path': options.reboot_flag, 'gpus': reboot_wanted, 'status': 'would_write' if run.check_mode else 'written'}
+        if not run.check_mode:
+            try:
+                _write_flag(options, new_flag)
+                run.changed = True
+            except OSError as exc:
+                step['status'], step['error'] = 'failed', 'cannot write %s: %s' % (options.reboot_flag, exc)
+                run.errors.append(step['error'])
+        out['reboot_flag'] = step
+        run.audit({'step': 'reboot_flag', 'status': step['status'], 'path': options.reboot_flag, 'gpus': reboot_wanted})
+    elif reboot_wanted:
+        out['reboot_flag'] = {'path': options.reboot_flag, 'gpus': reboot_wanted,
+                              'status': 'present' if options.reboot_flag else 'off (reboot_flag is empty)'}
+    drained = state.get('drained')
+    if drain_reasons and options.drain:
+        reason = _reason(sorted(set(drain_reasons)))
+        if drained:
+            out['drain'] = {'status': 'already', 'reason': drained.get('reason'), 'via': drained.get('via')}
+        else:
+            argv, via = node.drain_argv('drain', reason)
+            out['drain'] = _node_command(run, argv, via, reason, 'drain')
+            if out['drain']['status'] == 'done':
+                state['drained'] = {'reason': reason, 'via': via, 'time': now}
+    elif drained and not reboot_wanted and all(_clean(ladder) for ladder in ladders):
+        argv, via = node.drain_argv('resume', drained.get('reason') or 'gpufleet: health reads clean')
+        out['undrain'] = _node_command(run, argv, via, 'health reads clean on every GPU', 'undrain')
+        if out['undrain']['status'] == 'done':
+            state['drained'] = None
+    return out
+
+
+def _clean(ladder):
+    dev = ladder.dev
+    return dev.health.status == 'ok' and not ladder.steps and (dev.orphaned_mib or 0) == 0
+
+
+def _node_command(run, argv, via, reason, name):
+    if argv is None:
+        return {'status': 'unavailable', 'detail': via, 'reason': reason}
+    if run.check_mode:
+        return {'status': 'would_run', 'command': argv, 'via': via, 'reason': reason}
+    rc, out, err = run.host.run(argv)
+    step = {'status': 'done' if rc == 0 else 'failed', 'command': argv, 'via': via, 'reason': reason, 'rc': rc,
+            'output': printable((out + err).strip()[-2000:])}
+    if rc == 0:
+        run.changed = True
+    else:
+        run.errors.append('%s failed (rc %d): %s' % (' '.join(argv[:3]), rc, step['output']))
+    run.audit(dict(step, step=name))
+    return step
+
+
+def _save_state(options, state, run):
+    handled = state['handled']
+    if len(handled) > MAX_HANDLED:
+        for key in sorted(handled, key=lambda k: handled[k])[:len(handled) - MAX_HANDLED]:
+            del handled[key]
+    try:
+        safe_files.write_atomic(options.state_path, json.dumps(state, sort_keys=True) + '\n', mode=0o600)
+    except OSError as exc:
+        run.errors.append('cannot save the ladder state %s: %s' % (options.state_path, exc))
+
+
+def _result(run, ladders, node_steps, reboot_wanted, state, flag_removed):
+    gpus = [ladder.to_dict() for ladder in ladders]
+    acted = [g['index'] for g in gpus if g['ladder']]
+    verb = 'would remediate' if run.check_mode else 'remediated'
+    msg = '%s %d GPU(s)%s' % (verb, len(acted), (': %s' % ', '.join(str(i) for i in acted)) if acted else '')
+    if not acted:
+        msg = 'no GPU needs remediation'
+    if reboot_wanted:
+        msg += '; reboot wanted (%s)' % ', '.join(sorted(reboot_wanted))
+    if run.errors:
+        msg += '; errors: %s' % ' | '.join(run.errors)
+    return {'changed': run.changed, 'gpus': gpus, 'node': node_steps, 'reboot_wanted': bool(reboot_wanted),
+            'reboot_reasons': sorted(set(reboot_wanted.values())), 'drained': bool(state.get('drained')),
+            'stale_reboot_flag_removed': flag_removed, 'errors': list(run.errors), 'msg': printable(msg),
+            'warnings': list(run.warnings)}
+

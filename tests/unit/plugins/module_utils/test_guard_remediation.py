@@ -1,0 +1,99 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The guard's ``remediation`` policy section: validation, and the ladder in a tick (dry-run predicts,
+enforce acts, the next tick changes nothing).  Constructed snapshots only: nothing is signalled or reset."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import MONDAY_NOON, snapshot
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_guard import Node
+
+POLICY = '''
+mode: %s
+notify: {tty: false}
+remediation:
+  enabled: true
+  reboot_flag: %s
+  drain_command: [/bin/true]
+'''
+
+
+def test_the_section_is_off_unless_enabled_and_validated_field_by_field():
+    assert P.parse_policy({}).remediation.enabled is False
+    assert P.parse_policy({'remediation': True}).remediation.enabled is True
+    section = P.parse_policy({'remediation': {'stop_services': 'auto', 'verify_timeout': '2m', 'reboot_flag': False,
+                                              'kill_application_xids': False}}).remediation
+    assert (section.enabled, section.stop_services, section.verify_timeout, section.reboot_flag,
+            section.kill_application_xids) == (True, ['auto'], 120.0, None, False)
+
+
+@pytest.mark.parametrize('section, field, why', [
+    ({'drain_command': '/usr/bin/drain --now'}, 'remediation.drain_command', 'never a shell line'),
+    ({'drain_command': ['drain']}, 'remediation.drain_command', 'absolute path'),
+    ({'reboot_flag': 'flag'}, 'remediation.reboot_flag', 'absolute path'),
+    ({'reset': 'yes'}, 'remediation.reset', ''),
+    ({'stop_services': ['dcgm; reboot']}, 'remediation.stop_services', 'not a systemd unit name'),
+    ({'orphan_threshold_mib': -1}, 'remediation.orphan_threshold_mib', 'whole number'),
+    ({'verify_timeout': 60}, 'remediation.verify_timeout', ''),
+    ({'node_name': 'a b'}, 'remediation.node_name', 'node name'),
+    ({'bogus': 1}, 'remediation.bogus', 'unknown key'),
+])
+def test_an_invalid_section_names_the_field(section, field, why):
+    with pytest.raises(P.PolicyError) as exc:
+        P.parse_policy({'remediation': section})
+    assert field in str(exc.value) and why in str(exc.value)
+
+
+def remediation_records(node):
+    if not os.path.exists(node.paths.log):
+        return []
+    return [r for r in node.log() if r['event'] == 'guard_remediation']
+
+
+def test_a_tick_predicts_in_dry_run_acts_in_enforce_and_then_changes_nothing(tmp_path):
+    flag = str(tmp_path / 'lib' / 'reboot-wanted')
+    snap = snapshot(gpus=3)
+    snap.all_devices[2].xid_events = [{'time': MONDAY_NOON, 'code': 79, 'pid': None, 'pci_bus_id': None, 'message': 'Xid 79'}]
+    node = Node(tmp_path, policy=POLICY % ('dry-run', flag), snap=snap)
+    summary = node.tick()
+    assert summary['rc'] == 0
+    ladder = summary['remediation']['gpus'][2]['ladder']
+    assert [(s['step'], s['status']) for s in ladder] == [('drain', 'node_would_run'), ('reboot_flag', 'node_would_write')]
+    assert not os.path.exists(flag)
+    records = remediation_records(node)
+    assert [(r.get('step'), r.get('status'), r['check_mode']) for r in records] == [
+        ('drain', 'node_would_run', True), ('reboot_flag', 'node_would_write', True),
+        ('drain', 'would_run', True), ('reboot_flag', 'would_write', True)]
+    assert records[1]['findings'][0]['code'] == 79 and records[1]['evidence']['code'] == 79
+
+    node.write_policy(POLICY % ('enforce', flag))
+    summary = node.tick(advance=60)
+    assert summary['remediation']['changed'] is True and summary['remediation']['node']['drain']['status'] == 'done'
+    with open(flag) as handle:
+        assert 'Xid 79' in json.dumps(json.load(handle)['gpus'])
+    count = len(remediation_records(node))
+    summary = node.tick(advance=60)
+    assert summary['remediation']['changed'] is False and len(remediation_records(node)) == count
+    assert summary['remediation']['gpus'][2]['status'] == 'awaiting_reboot'
+
+
+def test_without_the_section_a_tick_runs_no_ladder(tmp_path):
+    snap = snapshot(gpus=1)
+    snap.all_devices[0].xid_events = [{'time': MONDAY_NOON, 'code': 79}]
+    summary = Node(tmp_path, policy='mode: enforce\nnotify: {tty: false}\n', snap=snap).tick()
+    assert summary['rc'] == 0 and 'remediation' not in summary
+
+
+def test_every_error_of_the_section_is_reported():
+    with pytest.raises(P.PolicyError) as exc:
+        P.parse_policy({'remediation': {'drain_command': 'drain --now', 'reboot_flag': 'flag', 'reset': 'yes', 'bogus': 1}})
+    text = str(exc.value)
+    for field in ('remediation.drain_command', 'remediation.reboot_flag', 'remediation.reset', 'remediation.bogus'):
+        assert field in text, (field, text)
