@@ -72,7 +72,12 @@ options:
     type: float
     default: 10
   protect_names:
-    description: Processes with these names are never terminated (replaces the default list).
+    description:
+      - Processes with these names are never terminated (replaces the default list).
+      - A name protects only a process that an ordinary user could not have named so - one whose real, effective and saved
+        uids are system accounts (at most C(SYS_UID_MAX) of C(/etc/login.defs), else 999), executing a root-owned file
+        that group and others may not write, from directories only root may write. A user's process named C(sshd) is not
+        protected.
     type: list
     elements: str
     default: [Xorg, X, Xwayland, gnome-shell, kwin_x11, kwin_wayland, gdm, gdm3, sddm, lightdm, WindowServer,

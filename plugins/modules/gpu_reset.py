@@ -114,6 +114,10 @@ options:
   protect_names:
     description:
       - Processes with these names are never terminated; a GPU they use is refused.
+      - A name protects only a process that an ordinary user could not have named so - one whose real, effective and saved
+        uids are system accounts (at most C(SYS_UID_MAX) of C(/etc/login.defs), else 999), executing a root-owned file
+        that group and others may not write, from directories only root may write. A user's process named C(sshd) is not
+        protected.
       - Replaces the default list; include the defaults to extend it.
       - The blocking clients (C(nvidia-persistenced), C(nv-hostengine), C(dcgm-exporter), C(Xorg)) are never terminated
         in any case; stop them with O(stop_services).
