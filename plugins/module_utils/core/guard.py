@@ -771,7 +771,8 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
 def remediation_options(policy, paths):
     """RemediateOptions from the policy's ``remediation`` section; the ladder's state lives next to the guard's."""
     from .killer import DEFAULT_PROTECT_NAMES  # pylint: disable=import-outside-toplevel
-    from .remediate import RemediateOptions  # pylint: disable=import-outside-toplevel  (only when enabled)
+    # only when the remediation section is enabled
+    from .remediate import RemediateOptions  # pylint: disable=import-outside-toplevel
     section = policy.remediation
     return RemediateOptions(kill_application_xids=section.kill_application_xids, reset=section.reset,
                             kill_processes=section.kill_processes, stop_services=section.stop_services,

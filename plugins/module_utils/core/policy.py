@@ -1367,7 +1367,8 @@ def _remediation(value, path):
             setattr(out, key, errors.run(_bool, value[key], _join(path, key)))
     services = value.get('stop_services')
     if services is not None:
-        from .reset import UNIT_RE  # pylint: disable=import-outside-toplevel  (only for this key: the tick stays light)
+        # only for this key: the tick stays light
+        from .reset import UNIT_RE  # pylint: disable=import-outside-toplevel
         services = [services] if services == 'auto' else errors.run(_list, services, _join(path, 'stop_services')) or []
         for unit in services:
             if not isinstance(unit, str) or not UNIT_RE.match(unit):

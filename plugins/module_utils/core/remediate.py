@@ -645,4 +645,3 @@ def _result(run, ladders, node_steps, reboot_wanted, state, flag_removed):
             'reboot_reasons': sorted(set(reboot_wanted.values())), 'drained': bool(state.get('drained')),
             'stale_reboot_flag_removed': flag_removed, 'errors': list(run.errors), 'msg': printable(msg),
             'warnings': list(run.warnings)}
-

@@ -500,10 +500,10 @@ def _check_kernel_modules(item, snapshot, host):
     if blocking:
         item.reboot_reason = 'kernel references keep the driver in use (%s); a reboot clears them' % \
             '; '.join(r.describe() for r in blocking)
-        item.check('kernel_modules', FAIL, '%s: a kernel client (the DRM console or a display server for nvidia_drm and '
-                                           'nvidia_modeset) holds the driver; stop it and unload the module (modprobe -r '
-                                           '%s), or reboot the node' % ('; '.join(r.describe() for r in blocking),
-                                                                       ' '.join(r.name for r in blocking)))
+        why = ('%s: a kernel client (the DRM console or a display server for nvidia_drm and nvidia_modeset) holds the '
+               'driver; stop it and unload the module (modprobe -r %s), or reboot the node'
+               % ('; '.join(r.describe() for r in blocking), ' '.join(r.name for r in blocking)))
+        item.check('kernel_modules', FAIL, why)
     elif unreadable:
         item.check('kernel_modules', WARN, '; '.join('%s: %s' % (r.name, r.error) for r in unreadable))
     elif not any(r.loaded for r in refs):
