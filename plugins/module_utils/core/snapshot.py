@@ -30,7 +30,7 @@ class Snapshot(object):
     """The result of take_snapshot().  ``devices`` are the selected GPUs in host-wide index order."""
 
     def __init__(self, backends, devices, all_devices, processes, holders, taken_at, errors=None,
-                 fds_denied=0, gathered_processes=True, holders_scanned=None, unreadable=None):
+                 fds_denied=0, gathered_processes=True, holders_scanned=None, unreadable=None, driver_hung=None):
         self.backends = backends              # OrderedDict vendor -> BackendStatus
         self.devices = devices                # selected Devices
         self.all_devices = all_devices        # every Device the backends returned
@@ -42,6 +42,8 @@ class Snapshot(object):
         self.fds_denied = fds_denied
         self.gathered_processes = gathered_processes
         self.holders_scanned = gathered_processes if holders_scanned is None else holders_scanned
+        # None, or {call, vendor, gpu, pci_bus_id, timeout_s, message}: a driver call that did not return in time
+        self.driver_hung = driver_hung
 
     def device(self, key):
         """The device with host-wide index or UUID ``key`` (among all devices), or None."""
@@ -71,6 +73,7 @@ class Snapshot(object):
             'devices': [dev.to_dict() for dev in self.devices],
             'processes': [proc.to_dict() for proc in self.processes],
             'holders': [holder.to_dict() for holder in self.holders],
+            'driver_hung': dict(self.driver_hung) if self.driver_hung is not None else None,
         }
 
 
