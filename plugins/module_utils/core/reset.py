@@ -133,10 +133,11 @@ class Host(object):
     tools: name -> absolute path or None (default: shutil.which of TOOLS).  runner(argv) -> (rc, out, err).
     sys_root: where sysfs is (Intel PCI reset).  dev_roots, factories: passed to take_snapshot.
     nvml: the pynvml module for drain and NVLink queries.  amdsmi: the amdsmi module, or False for "not installed".
+    driver_timeout: the snapshots' driver reads run in a watchdog child with this deadline (None: in this process).
     """
 
     def __init__(self, tools=None, runner=None, sys_root='/sys', dev_roots=None, factories=None, nvml=None, amdsmi=None,
-                 euid=None, clock=time.monotonic, sleep=time.sleep, poll=0.5):
+                 euid=None, clock=time.monotonic, sleep=time.sleep, poll=0.5, driver_timeout=None):
         self.tools = dict((name, shutil.which(name)) for name in TOOLS) if tools is None else dict(tools)
         self.runner = runner or run_command
         self.sys_root = sys_root
@@ -148,6 +149,7 @@ class Host(object):
         self.clock = clock
         self.sleep = sleep
         self.poll = poll
+        self.driver_timeout = driver_timeout
 
     def tool(self, name):
         return self.tools.get(name)
@@ -158,7 +160,7 @@ class Host(object):
 
     def snapshot(self, vendor='auto', gather_processes=True):
         return take_snapshot(vendor=vendor, gather_processes=gather_processes, dev_roots=self.dev_roots,
-                             factories=self.factories)
+                             factories=self.factories, driver_timeout=self.driver_timeout)
 
     def amdsmi_available(self):
         if self.amdsmi is False:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from .. import xid as xid_mod
+from .. import watchdog, xid as xid_mod
 from ..model import RECOVERY_ACTIONS, BackendStatus, Device, bytes_to_mib
 from .base import Backend, error_text
 
@@ -101,7 +101,7 @@ class NvidiaBackend(Backend):
         if nvml is None:
             nvml = pynvml
             import_error = PYNVML_IMPORT_ERROR
-        self.nvml = nvml
+        self.nvml = watchdog.traced(nvml)   # in a watchdog child, each call reports itself first
         self.import_error = import_error
         self._initialized = False
         self.event_timeout_ms = 0    # how long devices() waits for Xid events (0: what is pending)
@@ -174,6 +174,7 @@ class NvidiaBackend(Backend):
         handles = {}
         for i in range(count):
             dev = Device(vendor=self.name, vendor_index=i)
+            watchdog.where(self.name, i)
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(i)
             except self.GpuIsLost as exc:
@@ -195,6 +196,7 @@ class NvidiaBackend(Backend):
                 dev.processes_complete = False
                 dev.reading_failed('the device', error_text(exc))
             result.append(dev)
+        watchdog.where(self.name)
         self.read_events(handles, self.event_timeout_ms)
         return result
 
