@@ -28,9 +28,10 @@
  *    absent on purpose: nvitop picks a 32-byte process struct when only the first one exists.
  *  - Functions not implemented here are absent (pynvml reports FunctionNotFound) or stubs that
  *    answer NVML_ERROR_NOT_SUPPORTED.
- *  - Fault injection: $GPUSIM_NVML_SEGFAULT="FUNCTION[:N]" makes the Nth call (default 1) of the
- *    NVML function FUNCTION in this process die of SIGSEGV, as a crashing vendor library does
- *    ("*" counts every call).  Calls are counted per process; nothing else changes.
+ *  - Fault injection: $GPUSIM_NVML_SEGFAULT="FUNCTION[:N][@main|@child]" makes the Nth call (default 1)
+ *    of the NVML function FUNCTION in this process die of SIGSEGV, as a crashing vendor library does
+ *    ("*" counts every call).  Calls are counted per process; nothing else changes.  "@main" / "@child":
+ *    only in processes that are not / are a watchdog child of the core ($_GPUFLEET_WATCHDOG set).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -819,17 +820,27 @@ static unsigned long g_fault_calls;
 static void fault_point(const char *func)
 {
     const char *spec = getenv("GPUSIM_NVML_SEGFAULT");
-    const char *colon;
+    const char *colon, *at;
     size_t len;
     unsigned long want = 1;
     if (!spec || !*spec)
         return;
+    /* "@main" / "@child": only outside / inside a watchdog child of the core ($_GPUFLEET_WATCHDOG set) */
+    at = strchr(spec, '@');
+    if (at) {
+        const char *child = getenv("_GPUFLEET_WATCHDOG");
+        int in_child = child && *child;
+        if ((strcmp(at + 1, "main") == 0 && in_child) || (strcmp(at + 1, "child") == 0 && !in_child))
+            return;
+    }
     colon = strchr(spec, ':');
-    len = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (colon && at && colon > at)
+        colon = NULL;
+    len = colon ? (size_t)(colon - spec) : at ? (size_t)(at - spec) : strlen(spec);
     if (colon) {
         char *end = NULL;
         want = strtoul(colon + 1, &end, 10);
-        if (!end || *end || want == 0)
+        if (!end || (*end && *end != '@') || want == 0)
             want = 1;
     }
     if (!(len == 1 && spec[0] == '*') && (strlen(func) != len || strncmp(func, spec, len) != 0))

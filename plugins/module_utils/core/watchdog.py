@@ -178,6 +178,7 @@ def _child(func, write_fd):
     _child_fd = write_fd
     code = 0
     _close_inherited(write_fd)
+    os.environ['_GPUFLEET_WATCHDOG'] = str(os.getppid())   # says "a watchdog child" (diagnostics, the simulator's fault knob)
     try:
         try:
             result = ('ok', func())
