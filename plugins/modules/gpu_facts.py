@@ -277,8 +277,16 @@ ansible_facts:
               type: list
               elements: dict
               returned: always
-              sample: [{time: 1767225600.5, code: 79, pid: null, name: null, pci_bus_id: "0000:3b:00",
-                        message: GPU has fallen off the bus., source: kmsg, fault: gpu, action: reboot}]
+              sample:
+                - time: 1767225600.5
+                  code: 79
+                  pid: null
+                  name: null
+                  pci_bus_id: "0000:3b:00"
+                  message: GPU has fallen off the bus.
+                  source: kmsg
+                  fault: gpu
+                  action: reboot
             recovery_action:
               description:
                 - What the driver's GPU recovery action field asks for (NVIDIA driver R550 and later), V(null) when the driver
@@ -369,8 +377,8 @@ ansible_facts:
               sample: "4242"
         driver_hung:
           description:
-            - V(null), or the driver call that did not return within O(driver_timeout) (the task then fails with it):
-              C(call), C(vendor), C(gpu) (the vendor's index of the GPU being read, V(null) outside a per-GPU call),
+            - V(null), or the driver call that did not return within O(driver_timeout) (the task then fails with it),
+              with C(call), C(vendor), C(gpu) (the vendor's index of the GPU being read, V(null) outside a per-GPU call),
               C(pci_bus_id), C(timeout_s) and C(message).
           returned: always
           type: dict

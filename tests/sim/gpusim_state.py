@@ -460,8 +460,8 @@ def add_xid(state, gpu, code, pid=None, name=None, message=None, now=None, monot
     del events[:-MAX_XID_EVENTS]
     who = "pid=%d, name=%s, " % (pid, name or '<unknown>') if pid is not None else "pid='<unknown>', name=<unknown>, "
     text = message or XID_TEXTS.get(int(code), 'simulated Xid %d' % int(code))
-    return '4,%d,%d,-;NVRM: Xid (PCI:%s): %d, %s%s' % (seq, int(monotonic * 1e6), kmsg_pci(gpu), int(code), who,
-                                                      text.replace('\n', ' '))
+    line = 'NVRM: Xid (PCI:%s): %d, %s%s' % (kmsg_pci(gpu), int(code), who, text.replace('\n', ' '))
+    return '4,%d,%d,-;%s' % (seq, int(monotonic * 1e6), line)
 
 
 # ---------------------------------------------------------------------------

@@ -82,6 +82,7 @@ XID_TABLE = {
 _XID_RE = re.compile(r'NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2})(?:\.[0-7])?\): (\d{1,5}),? ?(.*)')
 _PID_RE = re.compile(r"\bpid=(?:(\d{1,10})|'?<unknown>'?)")
 _NAME_RE = re.compile(r'\bname=([^,]*)')
+_WHO_RE = re.compile(r"^\s*pid=[^,]*,\s*(?:name=[^,]*,\s*)?")
 
 
 def classify(code):
@@ -91,7 +92,7 @@ def classify(code):
 
 def pci_key(text):
     """(domain, bus, device) numbers of a PCI address (``0000:3b:00``, ``00000000:3B:00.0``, ``3b:00.0``) or None."""
-    parts = str(text or '').strip().split('.')[0].split(':')
+    parts = str(text or '').strip().split('.', 1)[0].split(':')
     if len(parts) == 2:
         parts.insert(0, '0')
     if len(parts) != 3:
@@ -123,7 +124,7 @@ def parse_line(text, time_s=None):
     if found and found.group(1).strip() and found.group(1).strip() not in ('<unknown>', "'<unknown>'"):
         name = printable(found.group(1).strip()[:64])
     return make_event(int(match.group(2)), 'kmsg', time_s=time_s, pid=pid, name=name, pci_bus_id=match.group(1).lower(),
-                      message=printable(rest.strip()[:MAX_MESSAGE]) or None)
+                      message=printable(_WHO_RE.sub('', rest).strip()[:MAX_MESSAGE]) or None)
 
 
 def parse_record(record, boot_epoch):
