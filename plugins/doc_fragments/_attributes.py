@@ -52,6 +52,17 @@ attributes:
 """
 
     # The options the rogue detector is built from (core.rogue.detector_argument_spec): gpu_audit, gpu_kill.
+    DRIVER_TIMEOUT = r"""
+options:
+  driver_timeout:
+    description:
+      - Seconds the GPU driver reads may take. They run in a child process of the module; when a driver call does not
+        return in time (a hung driver, where C(nvidia-smi) itself would never return), that child is killed and the task
+        fails with C(driver_hung) naming the call, instead of waiting forever.
+    type: float
+    default: 30
+"""
+
     ROGUE_DETECTOR = r"""
 options:
   require_allocation:

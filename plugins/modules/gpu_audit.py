@@ -42,6 +42,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpufleet.reclaim._attributes
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
+  - gpufleet.reclaim._attributes.DRIVER_TIMEOUT
   - gpufleet.reclaim._attributes.ROGUE_DETECTOR
 attributes:
   check_mode:
@@ -398,6 +399,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends imp
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
 
 FACILITIES = ('user', 'daemon', 'auth', 'authpriv', 'local0', 'local1', 'local2', 'local3', 'local4', 'local5', 'local6', 'local7')
@@ -408,6 +410,7 @@ def argument_spec():
     # require_allocation and history_path: rogue.detector_argument_spec(), as in gpu_kill
     return dict(
         rogue.detector_argument_spec(),
+        driver_timeout=watchdog.option(),
         rules_file=dict(type='path'),
         rules=dict(type='dict'),
         min_level=dict(type='str', default='info', choices=list(rogue.LEVELS)),
@@ -492,7 +495,8 @@ def run(params, check_mode=False, snapshot=None):
     config = rogue.load_config(rules_file=params['rules_file'], rules=params['rules'])
     warnings = list(config.warnings)
     if snapshot is None:
-        snapshot = take_snapshot(vendor=params['vendor'], gpus=params['gpus'], gather_processes=True)
+        snapshot = take_snapshot(vendor=params['vendor'], gpus=params['gpus'], gather_processes=True,
+                                 driver_timeout=watchdog.check_timeout('driver_timeout', params.get('driver_timeout')))
     findings, detect_warnings, evaluated = rogue.detect_snapshot(
         snapshot, config=config, min_level=params['min_level'], **rogue.detector_options(params))
     warnings.extend(w for w in detect_warnings if w not in warnings)
@@ -540,6 +544,8 @@ def main():
         module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
     try:
         result, warnings = run(module.params, check_mode=module.check_mode)
+    except watchdog.DriverHung as exc:
+        module.fail_json(msg=str(exc), driver_hung=exc.details)
     except policy_mod.PolicyError as exc:
         module.fail_json(msg='invalid policy: %s' % exc, source=exc.source, field=exc.field, value=str(exc.value))
     except rogue.RulesError as exc:

@@ -34,6 +34,7 @@ extends_documentation_fragment:
   - gpufleet.reclaim._attributes
   - gpufleet.reclaim._attributes.FACTS_MODULE
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
+  - gpufleet.reclaim._attributes.DRIVER_TIMEOUT
 attributes:
   platform:
     support: full
@@ -266,6 +267,42 @@ ansible_facts:
               elements: int
               returned: always
               sample: [12345]
+            xid_events:
+              description:
+                - The GPU's most recent Xid errors (at most 32, oldest first) from the kernel log (C(/dev/kmsg), needs root)
+                  and from the driver's event API; V(null) when neither could be read. See the collection's docs/health.md.
+                - Each has C(time) (epoch seconds), C(code), C(pid) and C(name) (the process the kernel line names, else
+                  V(null)), C(pci_bus_id), C(message), C(source) (V(kmsg) or V(nvml)), C(fault) (V(application), V(gpu),
+                  V(driver), V(system) or V(unknown)) and C(action) (V(none), V(kill_app), V(reset), V(drain) or V(reboot)).
+              type: list
+              elements: dict
+              returned: always
+              sample:
+                - time: 1767225600.5
+                  code: 79
+                  pid: null
+                  name: null
+                  pci_bus_id: "0000:3b:00"
+                  message: GPU has fallen off the bus.
+                  source: kmsg
+                  fault: gpu
+                  action: reboot
+            recovery_action:
+              description:
+                - What the driver's GPU recovery action field asks for (NVIDIA driver R550 and later), V(null) when the driver
+                  cannot tell.
+              type: str
+              returned: always
+              sample: none
+              choices: [none, reset, reboot, drain_p2p, drain_and_reset, recover_imex_domain, bus_reset, system_reboot]
+            health_reasons:
+              description:
+                - The findings behind C(health) as stable tokens, for programs (C(health.reasons) has the sentences), for
+                  example V(xid_79), V(recovery_action_reboot), V(gpu_lost), V(ecc_uncorrected), V(remapped_rows_pending).
+              type: list
+              elements: str
+              returned: always
+              sample: [xid_79]
         processes:
           description:
             - Processes the driver lists on the selected GPUs, one entry per pid, joined with the host's process table.
@@ -338,6 +375,14 @@ ansible_facts:
               type: str
               returned: always
               sample: "4242"
+        driver_hung:
+          description:
+            - V(null), or the driver call that did not return within O(driver_timeout) (the task then fails with it),
+              with C(call), C(vendor), C(gpu) (the vendor's index of the GPU being read, V(null) outside a per-GPU call),
+              C(pci_bus_id), C(timeout_s) and C(message).
+          returned: always
+          type: dict
+          sample: null
         holders:
           description:
             - Processes that hold a GPU device file (C(/dev/nvidia*), C(/dev/dri/*), C(/dev/kfd)) open but are not listed
@@ -383,6 +428,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends imp
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
 
 
@@ -392,6 +438,7 @@ def argument_spec():
         gather_processes=dict(type='bool', default=True),
         gpus=dict(type='list', elements='str'),
         fail_on_no_gpu=dict(type='bool', default=False),
+        driver_timeout=watchdog.option(),
     )
 
 
@@ -415,7 +462,10 @@ def main():
     params = module.params
     try:
         snapshot = take_snapshot(vendor=params['vendor'], gpus=params['gpus'],
-                                 gather_processes=params['gather_processes'])
+                                 gather_processes=params['gather_processes'],
+                                 driver_timeout=watchdog.check_timeout('driver_timeout', params['driver_timeout']))
+    except watchdog.DriverHung as exc:
+        module.fail_json(msg=str(exc), driver_hung=exc.details)
     except InvalidArgument as exc:
         module.fail_json(msg=str(exc), field=exc.field, value=exc.value)
     except GpuFleetError as exc:

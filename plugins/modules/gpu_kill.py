@@ -32,6 +32,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpufleet.reclaim._attributes
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
+  - gpufleet.reclaim._attributes.DRIVER_TIMEOUT
   - gpufleet.reclaim._attributes.ROGUE_DETECTOR
 attributes:
   check_mode:
@@ -427,6 +428,7 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
@@ -468,6 +470,7 @@ def argument_spec():
         vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
         audit_log=dict(type='path', default='/var/log/gpufleet/actions.jsonl'),
         utilization_history=dict(type='path', default='/var/lib/gpufleet/utilization.json'),
+        driver_timeout=watchdog.option(),
     )
 
 
@@ -492,7 +495,8 @@ def build(params):
     options = ReclaimOptions(signal=params['signal'], timeout=params['timeout'], force=params['force'], tree=params['tree'],
                              release_timeout=params['release_timeout'], protect_names=params['protect_names'],
                              protect_users=params['protect_users'], vendor=params['vendor'],
-                             audit_path=params['audit_log'], history_path=params['utilization_history'])
+                             audit_path=params['audit_log'], history_path=params['utilization_history'],
+                             driver_timeout=params.get('driver_timeout'))
     return selector, options
 
 
@@ -528,6 +532,8 @@ def main():
         selector, options = build(module.params)
         # reclaim() selects (resolving gpus, failing on an unknown one) before anything is signalled.
         result = module_result(reclaim(selector, options, check_mode=module.check_mode))
+    except watchdog.DriverHung as exc:
+        module.fail_json(msg=str(exc), driver_hung=exc.details)
     except RulesError as exc:
         module.fail_json(msg='invalid rogue rules: %s' % exc, file=exc.source, line=exc.line, field=exc.field)
     except InvalidArgument as exc:

@@ -52,6 +52,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpufleet.reclaim._attributes
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
+  - gpufleet.reclaim._attributes.DRIVER_TIMEOUT
 attributes:
   check_mode:
     support: full
@@ -379,6 +380,7 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
@@ -401,6 +403,7 @@ def argument_spec():
         verify_timeout=dict(type='float', default=60.0),
         vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
         audit_log=dict(type='path', default='/var/log/gpufleet/actions.jsonl'),
+        driver_timeout=watchdog.option(),
     )
 
 
@@ -421,6 +424,8 @@ def main():
     try:
         options = build(module.params)
         result = reset(options, module_host(module), check_mode=module.check_mode)
+    except watchdog.DriverHung as exc:
+        module.fail_json(msg=str(exc), driver_hung=exc.details)
     except InvalidArgument as exc:
         module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
     except GpuFleetError as exc:

@@ -418,6 +418,57 @@ def device_paths(state, gpu):
 
 
 # ---------------------------------------------------------------------------
+# health: Xid events (the NVML event queue and the fake kernel log), recovery action, hung driver
+
+KMSG_ENV = '_GPUFLEET_KMSG'
+MAX_XID_EVENTS = 256
+# NVML_GPU_RECOVERY_ACTION_* of nvml.h
+RECOVERY_ACTIONS = {'none': 0, 'reset': 1, 'reboot': 2, 'drain_p2p': 3, 'drain_and_reset': 4, 'recover_imex_domain': 5,
+                    'bus_reset': 6, 'system_reboot': 7}
+# What the driver prints after the code (a few common ones; the rest get a generic text)
+XID_TEXTS = {
+    13: 'Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address',
+    31: 'Ch 00000010, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f_00000000. '
+        'Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ',
+    43: 'Ch 00000010',
+    45: 'Ch 00000010',
+    48: 'An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.',
+    63: 'Row Remapper: New row marked for remapping, reset gpu to activate.',
+    64: 'Row Remapper: Error when marking a row for remapping.',
+    79: 'GPU has fallen off the bus.',
+    94: 'Contained: SM (0x1). RST: No, D-RST: No',
+    95: 'Uncontained: FBHUB. RST: Yes, D-RST: No',
+    119: 'Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL).',
+}
+
+
+def default_kmsg_path(path):
+    """The node's fake kernel log: next to the state file."""
+    return os.path.splitext(os.path.abspath(path))[0] + '-kmsg'
+
+
+def kmsg_pci(gpu):
+    """The PCI address as an Xid line gives it: ``0000:07:00`` (4-digit domain, no function)."""
+    domain, bus, rest = str(gpu.get('pci_bus_id') or '00000000:00:00.0').split(':')
+    return '%04x:%s:%s' % (int(domain, 16), bus.lower(), rest.split('.')[0].lower())
+
+
+def add_xid(state, gpu, code, pid=None, name=None, message=None, now=None, monotonic=None):
+    """Queue an Xid event for the NVML event API and return the kernel-log record (``/dev/kmsg`` format)."""
+    now = time.time() if now is None else now
+    monotonic = time.monotonic() if monotonic is None else monotonic
+    seq = int(state.get('xid_seq') or 0) + 1
+    state['xid_seq'] = seq
+    events = gpu.setdefault('xid_events', [])
+    events.append({'seq': seq, 'time': round(now, 3), 'code': int(code), 'pid': pid})
+    del events[:-MAX_XID_EVENTS]
+    who = "pid=%d, name=%s, " % (pid, name or '<unknown>') if pid is not None else "pid='<unknown>', name=<unknown>, "
+    text = message or XID_TEXTS.get(int(code), 'simulated Xid %d' % int(code))
+    line = 'NVRM: Xid (PCI:%s): %d, %s%s' % (kmsg_pci(gpu), int(code), who, text.replace('\n', ' '))
+    return '4,%d,%d,-;%s' % (seq, int(monotonic * 1e6), line)
+
+
+# ---------------------------------------------------------------------------
 # reset (shared by the fake nvidia-smi, amd-smi and amdsmi)
 
 
@@ -438,6 +489,9 @@ def apply_reset(state, gpu):
     gpu['util_pct'] = 0
     gpu['mem_util_pct'] = 0
     gpu['reset_count'] = int(gpu.get('reset_count') or 0) + 1
+    gpu.pop('recovery_action', None)
+    gpu.pop('hang_until', None)
+    gpu['xid_events'] = []
     state['processes'] = [e for e in state.get('processes', []) if e.get('gpu') != gpu.get('index')]
 
 

@@ -28,9 +28,10 @@
  *    absent on purpose: nvitop picks a 32-byte process struct when only the first one exists.
  *  - Functions not implemented here are absent (pynvml reports FunctionNotFound) or stubs that
  *    answer NVML_ERROR_NOT_SUPPORTED.
- *  - Fault injection: $GPUSIM_NVML_SEGFAULT="FUNCTION[:N]" makes the Nth call (default 1) of the
- *    NVML function FUNCTION in this process die of SIGSEGV, as a crashing vendor library does
- *    ("*" counts every call).  Calls are counted per process; nothing else changes.
+ *  - Fault injection: $GPUSIM_NVML_SEGFAULT="FUNCTION[:N][@main|@child]" makes the Nth call (default 1)
+ *    of the NVML function FUNCTION in this process die of SIGSEGV, as a crashing vendor library does
+ *    ("*" counts every call).  Calls are counted per process; nothing else changes.  "@main" / "@child":
+ *    only in processes that are not / are a watchdog child of the core ($_GPUFLEET_WATCHDOG set).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -60,6 +61,7 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_FUNCTION_NOT_FOUND 13
 #define NVML_ERROR_GPU_IS_LOST 15
 #define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
@@ -96,6 +98,24 @@ typedef struct {
     unsigned long long timeStamp;
     unsigned int smUtil, memUtil, encUtil, decUtil;
 } nvmlProcessUtilizationSample_t;
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned int valueType, nvmlReturn;
+    union { double dVal; unsigned int uiVal; unsigned long ulVal; unsigned long long ullVal; long long sllVal; } value;
+} nvmlFieldValue_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
+#define EVENT_SBE 0x1ULL
+#define EVENT_DBE 0x2ULL
+#define EVENT_XID 0x8ULL
 
 /* C99 compile-time layout checks (the ABI pynvml expects). */
 #define LAYOUT_CHECK(name, cond) typedef char layout_check_##name[(cond) ? 1 : -1]
@@ -106,6 +126,8 @@ LAYOUT_CHECK(pci, sizeof(nvmlPciInfo_t) == 68);
 LAYOUT_CHECK(proc_v1, sizeof(nvmlProcessInfo_v1_t) == 16);
 LAYOUT_CHECK(proc_v2, sizeof(nvmlProcessInfo_v2_t) == 24);
 LAYOUT_CHECK(proc_util, sizeof(nvmlProcessUtilizationSample_t) == 32);
+LAYOUT_CHECK(field_value, sizeof(nvmlFieldValue_t) == 40);
+LAYOUT_CHECK(event_data, sizeof(nvmlEventData_t) == 32);
 
 /* ------------------------------------------------------------------ JSON (small DOM) */
 
@@ -385,6 +407,7 @@ static void jstr(const jnode *obj, const char *key, char *buf, size_t size, cons
 /* ------------------------------------------------------------------ simulator state */
 
 #define SIM_MAX_GPUS 64
+#define SIM_MAX_EVENTS 64
 #define SIM_MAX_STATE_BYTES (64u << 20)
 enum { PT_COMPUTE, PT_GRAPHICS, PT_MPS };
 
@@ -400,6 +423,13 @@ typedef struct {
     int rr_pending, rr_failure;
     int cc_major, cc_minor;
     int persistence, mig, lost, no_permission, drain;
+    double recovery_action;       /* NAN: the field is NOT_SUPPORTED */
+    double hang_until;            /* epoch seconds: per-device calls block until then */
+    double clocks_event_reasons;
+    /* the driver's Xid event queue (the most recent SIM_MAX_EVENTS of the state's "xid_events") */
+    unsigned nevents;
+    double event_seq[SIM_MAX_EVENTS];
+    unsigned event_code[SIM_MAX_EVENTS];
 } sim_gpu;
 
 typedef struct {
@@ -466,6 +496,28 @@ static void state_clear(sim_state *s)
     memset(s, 0, sizeof(*s));
 }
 
+/* The last SIM_MAX_EVENTS entries {seq, code} of the GPU's event queue, in order. */
+static void load_events(const jnode *arr, sim_gpu *g)
+{
+    const jnode *c;
+    size_t n = 0, skip;
+    g->nevents = 0;
+    if (!arr || arr->type != JT_ARR)
+        return;
+    for (c = arr->child; c; c = c->next) n++;
+    skip = n > SIM_MAX_EVENTS ? n - SIM_MAX_EVENTS : 0;
+    for (c = arr->child; c; c = c->next) {
+        double seq, code;
+        if (skip) { skip--; continue; }
+        if (c->type != JT_OBJ) continue;
+        seq = jnum(c, "seq", NAN);
+        code = jnum(c, "code", NAN);
+        if (isnan(seq) || isnan(code)) continue;
+        g->event_seq[g->nevents] = seq;
+        g->event_code[g->nevents++] = to_uint(code);
+    }
+}
+
 static void load_gpu(const jnode *o, unsigned pos, sim_gpu *g)
 {
     char dflt[64];
@@ -507,6 +559,11 @@ static void load_gpu(const jnode *o, unsigned pos, sim_gpu *g)
     g->lost = jbool(o, "lost", 0);
     g->no_permission = jbool(o, "no_permission", 0);
     g->drain = jbool(o, "drain", 0);
+    g->recovery_action = jnum(o, "recovery_action", NAN);
+    g->hang_until = jnum(o, "hang_until", 0);
+    if (isnan(g->hang_until)) g->hang_until = 0;
+    g->clocks_event_reasons = jnum(o, "clocks_event_reasons", 0);
+    load_events(jget(o, "xid_events"), g);
 }
 
 /* Returns 0 when the entry is usable. */
@@ -763,17 +820,27 @@ static unsigned long g_fault_calls;
 static void fault_point(const char *func)
 {
     const char *spec = getenv("GPUSIM_NVML_SEGFAULT");
-    const char *colon;
+    const char *colon, *at;
     size_t len;
     unsigned long want = 1;
     if (!spec || !*spec)
         return;
+    /* "@main" / "@child": only outside / inside a watchdog child of the core ($_GPUFLEET_WATCHDOG set) */
+    at = strchr(spec, '@');
+    if (at) {
+        const char *child = getenv("_GPUFLEET_WATCHDOG");
+        int in_child = child && *child;
+        if ((strcmp(at + 1, "main") == 0 && in_child) || (strcmp(at + 1, "child") == 0 && !in_child))
+            return;
+    }
     colon = strchr(spec, ':');
-    len = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (colon && at && colon > at)
+        colon = NULL;
+    len = colon ? (size_t)(colon - spec) : at ? (size_t)(at - spec) : strlen(spec);
     if (colon) {
         char *end = NULL;
         want = strtoul(colon + 1, &end, 10);
-        if (!end || *end || want == 0)
+        if (!end || (*end && *end != '@') || want == 0)
             want = 1;
     }
     if (!(len == 1 && spec[0] == '*') && (strlen(func) != len || strncmp(func, spec, len) != 0))
@@ -822,6 +889,37 @@ static nvmlReturn_t dev_lookup(nvmlDevice_t dev, const sim_gpu **out, int allow_
     return (*out)->lost && !allow_lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
 }
 
+/* A hung driver (`gpusim hang`): a call on a GPU whose "hang_until" lies ahead sleeps until then, with
+ * the lock released (other GPUs and other threads go on), then looks the GPU up again. */
+static void sleep_until(double until)
+{
+    double left;
+    while ((left = until - now_s()) > 0) {
+        struct timespec ts;
+        if (left > 0.1) left = 0.1;
+        ts.tv_sec = 0;
+        ts.tv_nsec = (long)(left * 1e9);
+        nanosleep(&ts, NULL);
+    }
+}
+
+static nvmlReturn_t dev_lookup_wait(nvmlDevice_t dev, const sim_gpu **out, int allow_lost)
+{
+    nvmlReturn_t rc = dev_lookup(dev, out, allow_lost);
+    double until;
+    if ((rc != NVML_SUCCESS && rc != NVML_ERROR_GPU_IS_LOST) || !(*out)->hang_until)
+        return rc;
+    until = (*out)->hang_until;
+    if (until <= now_s())
+        return rc;
+    pthread_mutex_unlock(&g_lock);
+    sleep_until(until);
+    pthread_mutex_lock(&g_lock);
+    if (!refresh())
+        return NVML_ERROR_UNKNOWN;
+    return dev_lookup(dev, out, allow_lost);
+}
+
 /* Body of a per-device call: `g` is the GPU, `rc` the result (starts as NVML_SUCCESS).
  * With `present` false the call behaves as a symbol the driver lacks (FUNCTION_NOT_FOUND). */
 #define DEVICE_CALL_IF(present, dev, allow_lost, ...)      \
@@ -830,7 +928,7 @@ static nvmlReturn_t dev_lookup(nvmlDevice_t dev, const sim_gpu **out, int allow_
     if (rc == NVML_SUCCESS && !(present))                   \
         rc = NVML_ERROR_FUNCTION_NOT_FOUND;                 \
     if (rc == NVML_SUCCESS)                                 \
-        rc = dev_lookup((dev), &g, (allow_lost));           \
+        rc = dev_lookup_wait((dev), &g, (allow_lost));      \
     if (rc == NVML_SUCCESS) { __VA_ARGS__ }                 \
     return api_end(rc)
 
@@ -1413,5 +1511,140 @@ nvmlReturn_t nvmlDeviceModifyDrainState(nvmlPciInfo_t *pciInfo, int newState)
         rc = drain_lookup(pciInfo, &g);
     if (rc == NVML_SUCCESS)
         rc = geteuid() == 0 ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_NO_PERMISSION;
+    return api_end(rc);
+}
+
+/* ------------------------------------------------------------------ field values, events */
+
+/* Only NVML_FI_DEV_GET_GPU_RECOVERY_ACTION is known (from the state's "recovery_action"; absent or null:
+ * NOT_SUPPORTED); every other field id answers NOT_SUPPORTED in its own entry, as the driver does. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int valuesCount, nvmlFieldValue_t *values)
+{
+    DEVICE_CALL(dev, 0, {
+        int i;
+        if (valuesCount < 0 || (valuesCount > 0 && !values)) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            for (i = 0; i < valuesCount; i++) {
+                values[i].timestamp = (long long)(now_s() * 1e6);
+                values[i].latencyUsec = 0;
+                if (values[i].fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION && !isnan(g->recovery_action)) {
+                    values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+                    values[i].value.ullVal = 0;
+                    values[i].value.uiVal = to_uint(g->recovery_action);
+                    values[i].nvmlReturn = NVML_SUCCESS;
+                } else {
+                    values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+                }
+            }
+        }
+    });
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(reasons) *reasons = (unsigned long long)to_uint(g->clocks_event_reasons););
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *reasons)
+{
+    fault_point_named(__func__);
+    return nvmlDeviceGetCurrentClocksEventReasons(dev, reasons);
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t dev, unsigned long long *eventTypes)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(eventTypes) *eventTypes = EVENT_SBE | EVENT_DBE | EVENT_XID;);
+}
+
+/* An event set: per GPU slot, the registered types and the highest event seq it has seen.  Like the
+ * driver, a set receives only the events that occur after it registered (seq above the queue's highest
+ * at registration). */
+struct nvmlEventSet_st {
+    unsigned long long types[SIM_MAX_GPUS];
+    double seen[SIM_MAX_GPUS];
+};
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    nvmlReturn_t rc = api_begin();
+    if (rc == NVML_SUCCESS) {
+        REQUIRE(set) {
+            *set = calloc(1, sizeof(**set));
+            if (!*set) rc = NVML_ERROR_UNKNOWN;
+        }
+    }
+    return api_end(rc);
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t dev, unsigned long long eventTypes, nvmlEventSet_t set)
+{
+    DEVICE_CALL(dev, 0, {
+        unsigned slot = (unsigned)(g - g_state.gpus), i;
+        double top = 0;
+        if (!set) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (eventTypes & ~(EVENT_SBE | EVENT_DBE | EVENT_XID)) {
+            rc = NVML_ERROR_NOT_SUPPORTED;
+        } else {
+            for (i = 0; i < g->nevents; i++)
+                if (g->event_seq[i] > top) top = g->event_seq[i];
+            if (!set->types[slot]) set->seen[slot] = top;
+            set->types[slot] |= eventTypes;
+        }
+    });
+}
+
+/* The next event (lowest seq above what the set saw) on any registered GPU; 1 when one was found. */
+static int next_event(nvmlEventSet_t set, nvmlEventData_t *data)
+{
+    unsigned slot, i;
+    for (slot = 0; slot < g_state.ngpus && slot < SIM_MAX_GPUS; slot++) {
+        const sim_gpu *g = &g_state.gpus[slot];
+        int best = -1;
+        if (!(set->types[slot] & EVENT_XID) || g->lost)
+            continue;
+        for (i = 0; i < g->nevents; i++)
+            if (g->event_seq[i] > set->seen[slot] && (best < 0 || g->event_seq[i] < g->event_seq[best]))
+                best = (int)i;
+        if (best >= 0) {
+            set->seen[slot] = g->event_seq[best];
+            data->device = handle_for(slot);
+            data->eventType = EVENT_XID;
+            data->eventData = g->event_code[best];
+            data->gpuInstanceId = data->computeInstanceId = NVML_NO_INSTANCE;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    double deadline = now_s() + timeoutms / 1000.0;
+    for (;;) {
+        nvmlReturn_t rc = api_begin();
+        if (rc == NVML_SUCCESS && (!set || !data))
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        if (rc == NVML_SUCCESS && !next_event(set, data))
+            rc = NVML_ERROR_TIMEOUT;
+        api_end(rc);
+        if (rc != NVML_ERROR_TIMEOUT || now_s() >= deadline)
+            return rc;
+        sleep_until(now_s() + 0.01 < deadline ? now_s() + 0.01 : deadline);
+    }
+}
+
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    return nvmlEventSetWait_v2(set, data, timeoutms);
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    nvmlReturn_t rc = api_begin();
+    if (rc == NVML_SUCCESS) {
+        REQUIRE(set) free(set);
+    }
     return api_end(rc);
 }

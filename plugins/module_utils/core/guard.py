@@ -31,7 +31,7 @@ import json
 import os
 import time
 
-from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod, safe_files
+from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod, safe_files, watchdog
 from .errors import GpuFleetError, InvalidArgument  # pylint: disable=unused-import  # load_settings raises InvalidArgument (a PolicyError)
 from .exe_hash import ExeHashes
 from .processes import user_uid
@@ -48,8 +48,9 @@ DEFAULT_PATHS = {
     'history': '/var/lib/gpufleet/history.db',
     'allocations': '/run/gpufleet/allocations.json',
 }
-SETTINGS_KEYS = ('vendor', 'policy_path', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path', 'lock_path',
-                 'webhook_url', 'webhook_allow_http', 'webhook_timeout', 'release_timeout', 'history_retention_days')
+SETTINGS_KEYS = ('vendor', 'policy_path', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path',
+                 'lock_path', 'webhook_url', 'webhook_allow_http', 'webhook_timeout', 'release_timeout',
+                 'history_retention_days', 'driver_timeout')
 MAX_TRACKED = 10000
 
 
@@ -82,6 +83,8 @@ class Settings(object):
         self.dev_root = dev_root
         self.utmp_paths = utmp_paths
         self.mode = mode              # overrides the policy's mode (tick --dry-run)
+        # the snapshot's driver reads run in a watchdog child with this deadline (seconds)
+        self.driver_timeout = watchdog.DEFAULT_TICK_TIMEOUT
         self.refused = None           # why the settings file was not read (a link, or someone else could change it)
 
 
@@ -662,6 +665,25 @@ def _refuse(paths, problems, now, write, wall0, cpu0):
     return summary
 
 
+def _driver_failed(paths, summary, exc, write, wall0, cpu0, counters):
+    """The driver read hung (or its library crashed): nothing is decided or signalled, the state stays as it
+    was; the tick logs ``guard_driver_hung`` (or ``guard_driver_crashed``), writes the metrics and exits 1."""
+    hung = isinstance(exc, watchdog.DriverHung)
+    details = dict(exc.details) if hung else {'call': exc.call, 'message': str(exc)}
+    summary.update(rc=1, error=str(exc))
+    summary['driver_hung' if hung else 'driver_crashed'] = details
+    if write:
+        record = {'event': 'guard_driver_hung' if hung else 'guard_driver_crashed', 'tick': summary['tick'],
+                  'host': summary['host']}
+        record.update(details)
+        _log(paths, record, summary['warnings'])
+        tick = {'time': summary['time'], 'duration': time.time() - wall0, 'cpu': time.process_time() - cpu0,
+                'driver_hung': details if hung else None, 'driver_crashed': None if hung else details}
+        _write_metrics(paths, None, [], counters, tick, summary.get('mode'), True, True, summary['warnings'])
+    summary['duration'] = round(time.time() - wall0, 3)
+    return summary
+
+
 def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0):
     host = os.uname().nodename
     tick_id = os.urandom(8).hex()
@@ -695,7 +717,11 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         # no scan of every process's open files: policies concern the processes the driver lists, and
         # the few that are about to be signalled get their files checked in execute()
         inventory = ProcessInventory(dev_roots=dev_roots, use_psutil=False, scan_fds=False)
-        snapshot = take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=dev_roots, inventory=inventory)
+        try:
+            snapshot = take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=dev_roots, inventory=inventory,
+                                     driver_timeout=getattr(settings, 'driver_timeout', watchdog.DEFAULT_TICK_TIMEOUT))
+        except (watchdog.DriverHung, watchdog.DriverCrashed) as exc:
+            return _driver_failed(paths, summary, exc, write, wall0, cpu0, state.get('counters') or {})
     warnings.extend(snapshot.errors)
     if write:
         problem = record_history(paths, snapshot, now, settings, policy.notify.redact_patterns)

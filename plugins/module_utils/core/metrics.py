@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import math
 
+from .model import HEALTH_STATUSES, RECOVERY_ACTIONS
+
 DEFAULT_PATH = '/var/lib/node_exporter/textfile_collector/gpufleet.prom'
+XID_HELP = 'Xid errors of the GPU in the kernel log and driver events (its most recent 32), per Xid code'
 
 
 def _escape(value):
@@ -75,6 +78,25 @@ class Metrics(object):
         return '\n'.join(lines) + '\n'
 
 
+def _health_metrics(out, dev, labels):
+    """Health figures of one GPU: Xid errors by code, the driver's recovery action, whether a reboot is wanted."""
+    codes = {}
+    for event in dev.xid_events or ():
+        codes[event.code] = codes.get(event.code, 0) + 1
+    if dev.xid_events is not None:
+        out.family('gpufleet_gpu_xid_errors', 'gauge', XID_HELP)
+    for code in sorted(codes):
+        out.add('gpufleet_gpu_xid_errors', 'gauge', XID_HELP, codes[code], dict(labels, code=code))
+    if dev.recovery_action is not None:
+        for action in RECOVERY_ACTIONS:
+            out.add('gpufleet_gpu_recovery_action', 'gauge', "The driver's GPU recovery action (1 for the current one)",
+                    action == dev.recovery_action, dict(labels, action=action))
+    out.add('gpufleet_gpu_reboot_wanted', 'gauge', '1 when only a reboot of the node can bring the GPU back (Xid 79, '
+            'recovery action reboot)', dev.health.recommended_action == 'reboot', labels)
+    out.add('gpufleet_gpu_health_status', 'gauge', 'GPU health: 0 ok, 1 degraded, 2 lost',
+            HEALTH_STATUSES.index(dev.health.status), labels)
+
+
 def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=None, policy_valid=True,
                   enabled=True, host=None):
     """The Metrics of one tick: GPU and per-user memory, current violations, counters, tick info."""
@@ -88,6 +110,7 @@ def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=N
             out.add('gpufleet_gpu_utilization_percent', 'gauge', 'GPU utilization (percent)', dev.utilization_pct, labels)
             out.add('gpufleet_gpu_orphaned_memory_mib', 'gauge', 'GPU memory no listed process accounts for (MiB)',
                     dev.orphaned_mib, labels)
+            _health_metrics(out, dev, labels)
         per_user = {}
         procs = {}
         for proc in snapshot.processes:
@@ -126,6 +149,11 @@ def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=N
     out.add('gpufleet_guard_tick_cpu_seconds', 'gauge', 'CPU time of the last tick', tick.get('cpu'))
     out.add('gpufleet_guard_policy_valid', 'gauge', '1 when the policy file was valid at the last tick', bool(policy_valid))
     out.add('gpufleet_guard_enabled', 'gauge', '1 when the policy is enabled', bool(enabled))
+    hung = tick.get('driver_hung')
+    out.add('gpufleet_guard_driver_hung', 'gauge', '1 when the last tick stopped a driver read that did not finish within '
+            'driver_timeout', hung is not None, {'call': hung.get('call') or ''} if hung else None)
+    out.add('gpufleet_guard_driver_crashed', 'gauge', '1 when the driver library crashed in the last tick',
+            tick.get('driver_crashed') is not None)
     if mode:
         for name in ('dry-run', 'warn', 'enforce'):
             out.add('gpufleet_guard_mode', 'gauge', 'The enforcement mode (1 for the active one)', name == mode, {'mode': name})

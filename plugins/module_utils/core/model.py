@@ -19,6 +19,12 @@ MIB = 1024 * 1024
 HEALTH_STATUSES = ('ok', 'degraded', 'lost')
 # Recommended actions, mildest first: a combined health keeps the most severe one.
 RECOMMENDED_ACTIONS = ('none', 'reset', 'reboot', 'drain')
+# What the driver's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION field asks for (``recovery_action`` of a device), by the
+# NVML_GPU_RECOVERY_ACTION_* value of nvml.h (0..4 since R550; 5..7 in newer headers).
+RECOVERY_ACTIONS = ('none', 'reset', 'reboot', 'drain_p2p', 'drain_and_reset', 'recover_imex_domain', 'bus_reset',
+                    'system_reboot')
+# Xid events kept per device (the most recent ones).
+MAX_XID_EVENTS = 32
 PROCESS_TYPES = ('compute', 'graphics', 'mps')
 NOT_FOUND = 'not_found'
 # MiB per listed process that a vendor's driver uses for the context and charges to no process;
@@ -103,11 +109,17 @@ class BackendStatus(_Record):
 
 
 class Health(_Record):
-    """Health of one GPU: ``status`` ok|degraded|lost and the ``recommended_action``."""
+    """Health of one GPU: ``status`` ok|degraded|lost and the ``recommended_action``.
 
-    _fields = ('status', 'recommended_action', 'reasons')
+    ``reasons``: sentences for people.  ``codes``: the same findings as stable tokens for programs (the
+    device's ``health_reasons`` fact): ``xid_<code>``, ``recovery_action_<action>``, ``gpu_lost``,
+    ``reset_required``, ``ecc_uncorrected``, ``remapped_rows_pending``, ``remapped_rows_failure``,
+    ``retired_pages_pending``, ``throttle_<reason>``, ``reading_failed``.
+    """
+
+    _fields = ('status', 'recommended_action', 'reasons', 'codes')
     _defaults = {'status': 'ok', 'recommended_action': 'none'}
-    _factories = {'reasons': list}
+    _factories = {'reasons': list, 'codes': list}
 
     def _raise_action(self, action):
         if action not in RECOMMENDED_ACTIONS:
@@ -115,26 +127,45 @@ class Health(_Record):
         if RECOMMENDED_ACTIONS.index(action) > RECOMMENDED_ACTIONS.index(self.recommended_action):
             self.recommended_action = action
 
-    def degrade(self, reason, action='none'):
+    def degrade(self, reason, action='none', code=None):
         """Record a problem that makes the GPU degraded (a lost GPU stays lost)."""
         if self.status == 'ok':
             self.status = 'degraded'
         self._raise_action(action)
-        self.note(reason)
+        self.note(reason, code)
 
-    def lose(self, reason, action='reset'):
+    def lose(self, reason, action='reset', code='gpu_lost'):
         """The GPU stopped answering (NVML_ERROR_GPU_IS_LOST or equivalent)."""
         self.status = 'lost'
         self._raise_action(action)
-        self.note(reason)
+        self.note(reason, code)
 
-    def note(self, reason):
-        """Record a reading that failed without changing the status."""
+    def note(self, reason, code=None):
+        """Record a finding (or a reading that failed) without changing the status."""
         if reason and reason not in self.reasons:
             self.reasons.append(reason)
+        if code and code not in self.codes:
+            self.codes.append(code)
 
     def to_dict(self):
         return {'status': self.status, 'recommended_action': self.recommended_action, 'reasons': list(self.reasons)}
+
+
+class XidEvent(_Record):
+    """One Xid error the driver reported for a GPU (kernel log or NVML event), classified by core/xid.py.
+
+    ``time``: epoch seconds (None when unknown); ``code``: the Xid number; ``pid`` and ``name``: the process
+    the kernel line names (None when it names none: NVML events never do); ``pci_bus_id``: as the line gives
+    it (``0000:3b:00``); ``message``: the rest of the line (control characters escaped); ``source``: ``kmsg``
+    or ``nvml``; ``fault``: ``application``, ``gpu``, ``driver``, ``system`` or ``unknown``; ``action``: the
+    remediation step the Xid table calls for (``none``, ``kill_app``, ``reset``, ``drain``, ``reboot``).
+    """
+
+    _fields = ('time', 'code', 'pid', 'name', 'pci_bus_id', 'message', 'source', 'fault', 'action')
+    _required = ('code',)
+
+    def to_dict(self):
+        return dict((name, getattr(self, name)) for name in self._fields)
 
 
 class DriverProcess(_Record):
@@ -178,10 +209,20 @@ class Device(_Record):
                'memory_api', 'utilization_pct', 'memory_utilization_pct', 'temperature_c',
                'power_w', 'power_limit_w', 'fan_pct', 'persistence_mode', 'mig_mode',
                'ecc_uncorrected_volatile', 'orphaned_mib', 'health', 'driver_processes',
-               'processes_complete', 'errors')
+               'processes_complete', 'errors', 'xid_events', 'recovery_action')
     _required = ('vendor', 'vendor_index')
     _defaults = {'processes_complete': True}
     _factories = {'health': Health, 'driver_processes': list, 'errors': list}
+
+    def add_xid_event(self, event):
+        """Keep ``event`` (an XidEvent) among the device's most recent MAX_XID_EVENTS, oldest first.
+
+        ``xid_events`` stays None until some source could tell (None: nothing could be read)."""
+        if self.xid_events is None:
+            self.xid_events = []
+        self.xid_events.append(event)
+        self.xid_events.sort(key=lambda e: (e.time is None, e.time or 0))
+        del self.xid_events[:-MAX_XID_EVENTS]
 
     def add_driver_process(self, pid, used_mib, ptype):
         for proc in self.driver_processes:
@@ -196,7 +237,7 @@ class Device(_Record):
         """Record a reading that failed (other than 'not supported'): an error and a health note."""
         text = 'could not read %s: %s' % (what, error)
         self.errors.append(text)
-        self.health.note(text)
+        self.health.note(text, 'reading_failed')
 
     @property
     def pids(self):
@@ -243,6 +284,9 @@ class Device(_Record):
             'orphaned_mib': self.orphaned_mib,
             'health': self.health.to_dict(),
             'processes': self.pids,
+            'xid_events': [event.to_dict() for event in self.xid_events] if self.xid_events is not None else None,
+            'recovery_action': self.recovery_action,
+            'health_reasons': list(self.health.codes),
         }
 
 

@@ -16,7 +16,7 @@ import os
 import signal as signals
 import time
 
-from . import audit_log, killer, notify
+from . import audit_log, killer, notify, watchdog
 from .backends import select as select_backends
 from .errors import InvalidArgument
 from .idle import UtilizationHistory
@@ -54,7 +54,7 @@ class ReclaimOptions(object):
     def __init__(self, signal='TERM', timeout=10.0, force=False, tree=True, release_timeout=15.0,
                  protect_names=killer.DEFAULT_PROTECT_NAMES, protect_users=(), vendor='auto',
                  audit_path=None, history_path=None, kill_timeout=5.0, audit_field='audit_log',
-                 history_field='utilization_history', redact_patterns=None):
+                 history_field='utilization_history', redact_patterns=None, driver_timeout=None):
         if signal not in SIGNALS:
             raise InvalidArgument('signal', signal, 'expected one of %s' % ', '.join(SIGNALS))
         self.signal = signal
@@ -68,6 +68,8 @@ class ReclaimOptions(object):
         self.vendor = vendor
         self.audit_path = _optional_path(audit_field, audit_path)
         self.history_path = _optional_path(history_field, history_path)
+        # the snapshot's driver reads run in a watchdog child with this deadline (None: in this process)
+        self.driver_timeout = watchdog.check_timeout('driver_timeout', driver_timeout)
         # the command lines in the result and the audit records (notify.redact_argv): the policy's, or the defaults
         self.redact_patterns = notify.default_patterns() if redact_patterns is None else list(redact_patterns)
 
@@ -395,7 +397,7 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     if snapshot is None:
         # Holders (every process's open files) are only needed to find orphans.
         snapshot = take_snapshot(vendor=options.vendor, gather_processes=True, dev_roots=dev_roots,
-                                 scan_holders=selector.orphans)
+                                 scan_holders=selector.orphans, driver_timeout=options.driver_timeout)
     selector.gpu_indexes(snapshot)  # an unknown GPU fails here, before anything is recorded or signalled
     idle_since = None
     if selector.idle_for is not None:

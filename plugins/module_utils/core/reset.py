@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import time
 
-from . import audit_log, kmod, notify
+from . import audit_log, kmod, notify, watchdog
 from .backends import amd as amd_backend
 from .backends import nvidia as nvidia_backend
 from .backends.base import error_text, pci_bdf
@@ -143,10 +143,11 @@ class Host(object):
     sys_root: where sysfs is (Intel PCI reset, kernel-module references; default kmod.sys_root()).
     dev_roots, factories: passed to take_snapshot.
     nvml: the pynvml module for drain and NVLink queries.  amdsmi: the amdsmi module, or False for "not installed".
+    driver_timeout: the snapshots' driver reads run in a watchdog child with this deadline (None: in this process).
     """
 
     def __init__(self, tools=None, runner=None, sys_root=None, dev_roots=None, factories=None, nvml=None, amdsmi=None,
-                 euid=None, clock=time.monotonic, sleep=time.sleep, poll=0.5):
+                 euid=None, clock=time.monotonic, sleep=time.sleep, poll=0.5, driver_timeout=None):
         self.tools = dict((name, shutil.which(name)) for name in TOOLS) if tools is None else dict(tools)
         self.runner = runner or run_command
         self.sys_root = kmod.sys_root(sys_root)
@@ -158,6 +159,7 @@ class Host(object):
         self.clock = clock
         self.sleep = sleep
         self.poll = poll
+        self.driver_timeout = driver_timeout
 
     def tool(self, name):
         return self.tools.get(name)
@@ -168,7 +170,7 @@ class Host(object):
 
     def snapshot(self, vendor='auto', gather_processes=True):
         return take_snapshot(vendor=vendor, gather_processes=gather_processes, dev_roots=self.dev_roots,
-                             factories=self.factories)
+                             factories=self.factories, driver_timeout=self.driver_timeout)
 
     def amdsmi_available(self):
         if self.amdsmi is False:
@@ -188,7 +190,8 @@ def module_host(module):
         except OSError as exc:  # never fail_json half-way: the undo steps (persistence mode, drain, services) must run
             return 127, '', '%s: %s' % (argv[0], exc)
 
-    return Host(tools=dict((name, module.get_bin_path(name)) for name in TOOLS), runner=runner)
+    return Host(tools=dict((name, module.get_bin_path(name)) for name in TOOLS), runner=runner,
+                driver_timeout=watchdog.check_timeout('driver_timeout', module.params.get('driver_timeout')))
 
 
 # ---------------------------------------------------------------------------- one GPU

@@ -16,7 +16,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from .backends import select
+from . import xid
+from .backends import VENDOR_CHOICES, Selection, select
 from .backends.base import error_text
 from .errors import InvalidArgument
 from .model import GpuProcess
@@ -30,7 +31,8 @@ class Snapshot(object):
     """The result of take_snapshot().  ``devices`` are the selected GPUs in host-wide index order."""
 
     def __init__(self, backends, devices, all_devices, processes, holders, taken_at, errors=None,
-                 fds_denied=0, gathered_processes=True, holders_scanned=None, unreadable=None):
+                 fds_denied=0, gathered_processes=True, holders_scanned=None, unreadable=None, driver_hung=None,
+                 xid_log_error=None):
         self.backends = backends              # OrderedDict vendor -> BackendStatus
         self.devices = devices                # selected Devices
         self.all_devices = all_devices        # every Device the backends returned
@@ -42,6 +44,9 @@ class Snapshot(object):
         self.fds_denied = fds_denied
         self.gathered_processes = gathered_processes
         self.holders_scanned = gathered_processes if holders_scanned is None else holders_scanned
+        # None, or {call, vendor, gpu, pci_bus_id, timeout_s, message}: a driver call that did not return in time
+        self.driver_hung = driver_hung
+        self.xid_log_error = xid_log_error    # why the kernel log's Xid lines could not be read, or None
 
     def device(self, key):
         """The device with host-wide index or UUID ``key`` (among all devices), or None."""
@@ -71,6 +76,7 @@ class Snapshot(object):
             'devices': [dev.to_dict() for dev in self.devices],
             'processes': [proc.to_dict() for proc in self.processes],
             'holders': [holder.to_dict() for holder in self.holders],
+            'driver_hung': dict(self.driver_hung) if self.driver_hung is not None else None,
         }
 
 
@@ -129,22 +135,9 @@ def device_gpus(paths, devices, dev_roots):
     return sorted(indexes)
 
 
-def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=None, factories=None,
-                  dev_roots=None, proc_root='/proc', scan_holders=True):
-    """Read every selected backend and the process table once; return a Snapshot.
-
-    vendor: ``auto`` (every backend whose library loads) or one of nvidia, amd, intel, apple.
-    gpus: host-wide indexes or UUIDs to report (None = all); an unknown one raises InvalidArgument.
-    gather_processes: join driver pids with the process table and scan fds for holders.
-    scan_holders: with gather_processes, also walk every process's fds for holders the driver does
-    not list (False: only the listed pids' fds are read and ``holders`` stays empty).  ``'auto'``:
-    walk them only when some selected GPU's used memory is not explained by the processes its
-    driver lists, or cannot be told (see ``holder_scan_needed``); ``Snapshot.holders_scanned`` says
-    whether the walk ran.
-    inventory: a ProcessInventory (tests); else one is built from dev_roots / proc_root (test seams).
-    factories: vendor -> callable returning a Backend (tests).
-    """
-    taken_at = time.time()
+def _read_backends(vendor, factories):
+    """Probe and read every selected backend once: (statuses, requested, devices, errors).  The vendor
+    libraries are closed before it returns (a GPU reset needs our own library session gone)."""
     errors = []
     selection = select(vendor, factories)
     all_devices = []
@@ -160,11 +153,46 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
             devs.sort(key=lambda d: d.vendor_index)
             all_devices.extend(devs)
     finally:
-        selection.close()  # a GPU reset needs our own library session gone
+        selection.close()
+    return selection.statuses, selection.requested, all_devices, errors
+
+
+def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=None, factories=None,
+                  dev_roots=None, proc_root='/proc', scan_holders=True, driver_timeout=None, xid_since=None,
+                  kmsg_path=None):
+    """Read every selected backend and the process table once; return a Snapshot.
+
+    vendor: ``auto`` (every backend whose library loads) or one of nvidia, amd, intel, apple.
+    gpus: host-wide indexes or UUIDs to report (None = all); an unknown one raises InvalidArgument.
+    gather_processes: join driver pids with the process table and scan fds for holders.
+    scan_holders: with gather_processes, also walk every process's fds for holders the driver does
+    not list (False: only the listed pids' fds are read and ``holders`` stays empty).  ``'auto'``:
+    walk them only when some selected GPU's used memory is not explained by the processes its
+    driver lists, or cannot be told (see ``holder_scan_needed``); ``Snapshot.holders_scanned`` says
+    whether the walk ran.
+    driver_timeout: seconds the driver reads may take; they then run in a watchdog child
+    (core/watchdog.py) and a read that does not finish raises watchdog.DriverHung (None: in this
+    process, no deadline).
+    xid_since: Xid events older than this (epoch seconds) change no health (default: the last hour).
+    kmsg_path: the kernel log to read Xid lines from (default ``$_GPUFLEET_KMSG`` or /dev/kmsg).
+    inventory: a ProcessInventory (tests); else one is built from dev_roots / proc_root (test seams).
+    factories: vendor -> callable returning a Backend (tests).
+    """
+    taken_at = time.time()
+    if driver_timeout is None:
+        statuses, requested, all_devices, errors = _read_backends(vendor, factories)
+    else:
+        if vendor not in VENDOR_CHOICES:   # checked here: the child's errors come back as text
+            raise InvalidArgument('vendor', vendor, 'must be one of %s' % ', '.join(VENDOR_CHOICES))
+        from . import watchdog  # pylint: disable=import-outside-toplevel
+        statuses, requested, all_devices, errors = watchdog.run(lambda: _read_backends(vendor, factories), driver_timeout)
+    selection = Selection([], statuses, requested)
+    xid_log_error = _read_xid_log(all_devices, kmsg_path)
     unreadable = selection.unreadable(resolve_dev_roots(dev_roots))
     errors.extend(unreadable)
     for index, dev in enumerate(all_devices):
         dev.index = index
+        xid.apply_health(dev, taken_at, xid_since)
 
     selected = resolve_gpus(all_devices, gpus)
     for dev in selected:
@@ -211,7 +239,24 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
 
     return Snapshot(backends=selection.statuses, devices=selected, all_devices=all_devices, processes=processes,
                     holders=holders, taken_at=taken_at, errors=errors, fds_denied=fds_denied,
-                    gathered_processes=gather_processes, holders_scanned=holders_scanned, unreadable=unreadable)
+                    gathered_processes=gather_processes, holders_scanned=holders_scanned, unreadable=unreadable,
+                    xid_log_error=xid_log_error)
+
+
+def _read_xid_log(devices, kmsg_path=None):
+    """Add the kernel log's Xid lines to the NVIDIA devices they name; returns why the log could not be
+    read (their ``xid_events`` then stay as the driver left them: None when it could not tell either)."""
+    nvidia = [dev for dev in devices if dev.vendor == 'nvidia']
+    if not nvidia:
+        return None
+    events, error = xid.read_kmsg(kmsg_path)
+    if events is None:
+        return error
+    for dev in nvidia:
+        if dev.xid_events is None:
+            dev.xid_events = []   # the log could be read: an empty list means none
+    xid.join_events(nvidia, events)
+    return None
 
 
 def holder_scan_needed(devices):

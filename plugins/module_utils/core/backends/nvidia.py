@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import ctypes
 import time
-from ..model import BackendStatus, Device, bytes_to_mib
+from .. import watchdog, xid as xid_mod
+from ..model import RECOVERY_ACTIONS, BackendStatus, Device, bytes_to_mib
 from .base import Backend, error_text
 
 try:
@@ -50,15 +51,28 @@ _PROCESS_LISTS = (
     ('mps', 'nvmlDeviceGetMPSComputeRunningProcesses'),
 )
 
-# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values -> our recommended action.
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values -> (our recommended action, why); the names are model.RECOVERY_ACTIONS.
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 _RECOVERY_ACTIONS = {
     1: ('reset', 'the driver asks for a GPU reset'),
     2: ('reboot', 'the driver asks for a node reboot'),
     3: ('drain', 'the driver asks to drain the GPU (P2P)'),
     4: ('drain', 'the driver asks to drain and then reset the GPU'),
+    5: ('none', 'the driver asks to recover the IMEX domain'),
     6: ('reset', 'the driver asks for a bus reset'),
     7: ('reboot', 'the driver asks for a system reboot'),
 }
+# Events a snapshot listens for: critical Xid errors and double-bit ECC errors (pynvml's values).
+EVENT_XID = 0x8
+EVENT_DBE = 0x2
+# nvmlClocksEventReasons bits worth a health note (the others are normal: idle, applications clocks, power cap)
+_THROTTLE_REASONS = ((0x8, 'hw_slowdown'), (0x40, 'hw_thermal_slowdown'), (0x80, 'hw_power_brake'),
+                     (0x20, 'sw_thermal_slowdown'))
+
+
+# Readings that older drivers do not have (their absence is no failed reading): see _call().
+_OPTIONAL_CALLS = ('nvmlDeviceGetRetiredPagesPendingStatus', 'nvmlDeviceGetCurrentClocksEventReasons',
+                   'nvmlDeviceGetCurrentClocksThrottleReasons')
 
 
 class _Never(Exception):
@@ -87,9 +101,10 @@ class NvidiaBackend(Backend):
         if nvml is None:
             nvml = pynvml
             import_error = PYNVML_IMPORT_ERROR
-        self.nvml = nvml
+        self.nvml = watchdog.traced(nvml)   # in a watchdog child, each call reports itself first
         self.import_error = import_error
         self._initialized = False
+        self.event_timeout_ms = 0    # how long devices() waits for Xid events (0: what is pending)
         self._mem_v2 = None          # None: not tried yet, True/False once known
         self._proc_v2 = {}           # list kind -> True once the unversioned (_v3) call is missing
         if nvml is not None:
@@ -156,8 +171,10 @@ class NvidiaBackend(Backend):
         nvml = self.nvml
         count = nvml.nvmlDeviceGetCount()
         result = []
+        handles = {}
         for i in range(count):
             dev = Device(vendor=self.name, vendor_index=i)
+            watchdog.where(self.name, i)
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(i)
             except self.GpuIsLost as exc:
@@ -172,12 +189,15 @@ class NvidiaBackend(Backend):
                 continue
             try:
                 self._read_device(dev, handle)
+                handles[i] = (dev, handle)
             except _GpuLost as lost:
                 self._mark_lost(dev, lost.args[0])
             except Exception as exc:  # pylint: disable=broad-except
                 dev.processes_complete = False
                 dev.reading_failed('the device', error_text(exc))
             result.append(dev)
+        watchdog.where(self.name)
+        self.read_events(handles, self.event_timeout_ms)
         return result
 
     def _mark_lost(self, dev, exc):
@@ -197,8 +217,13 @@ class NvidiaBackend(Backend):
             raise _GpuLost(exc)
         except self.NotSupported:
             return None
+        except self.FunctionNotFound as exc:
+            if getattr(func, '__name__', None) in _OPTIONAL_CALLS:
+                return None  # older drivers lack it: no failed reading
+            dev.reading_failed(what, error_text(exc))
+            return None
         except self.ResetRequired as exc:
-            dev.health.degrade('the GPU requires a reset (%s)' % error_text(exc), action='reset')
+            dev.health.degrade('the GPU requires a reset (%s)' % error_text(exc), action='reset', code='reset_required')
             return None
         except self.NVMLError as exc:
             dev.reading_failed(what, error_text(exc))
@@ -271,7 +296,7 @@ class NvidiaBackend(Backend):
         dev.ecc_uncorrected_volatile = ecc
         if ecc:
             dev.health.degrade('%d uncorrected volatile ECC error(s) since the last driver load: reset the GPU' % ecc,
-                               action='reset')
+                               action='reset', code='ecc_uncorrected')
         rows = None
         if hasattr(nvml, 'nvmlDeviceGetRemappedRows'):
             rows = self._call(dev, 'the remapped rows', nvml.nvmlDeviceGetRemappedRows, handle)
@@ -279,23 +304,101 @@ class NvidiaBackend(Backend):
             _corr, unc, pending, failure = rows
             if failure:
                 dev.health.degrade('row remapping failed (%d uncorrectable rows remapped): drain the GPU and replace it' % unc,
-                                   action='drain')
+                                   action='drain', code='remapped_rows_failure')
             elif pending:
                 dev.health.degrade('row remapping is pending (%d uncorrectable rows): reset the GPU to apply it' % unc,
-                                   action='reset')
-        field_id = getattr(nvml, 'NVML_FI_DEV_GET_GPU_RECOVERY_ACTION', None)
-        if field_id is not None and hasattr(nvml, 'nvmlDeviceGetFieldValues'):
+                                   action='reset', code='remapped_rows_pending')
+        self._read_recovery_action(dev, handle)
+        if hasattr(nvml, 'nvmlDeviceGetRetiredPagesPendingStatus') and rows is None:
+            # before Ampere: dynamic page retirement instead of row remapping
+            pending = self._call(dev, 'the retired pages', nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+            if pending:
+                dev.health.degrade('retired pages are pending: reset the GPU (or reload the driver) to retire them',
+                                   action='reset', code='retired_pages_pending')
+        reasons_func = getattr(nvml, 'nvmlDeviceGetCurrentClocksEventReasons', None) or \
+            getattr(nvml, 'nvmlDeviceGetCurrentClocksThrottleReasons', None)
+        if reasons_func is not None:
+            bits = self._call(dev, 'the clock event reasons', reasons_func, handle)
+            for bit, name in _THROTTLE_REASONS:
+                if bits and int(bits) & bit:
+                    dev.health.note('the GPU clocks are held down (%s)' % name.replace('_', ' '), 'throttle_%s' % name)
+
+    def _read_recovery_action(self, dev, handle):
+        """``dev.recovery_action`` from the driver's field (R550+); None where the driver cannot tell."""
+        nvml = self.nvml
+        if not hasattr(nvml, 'nvmlDeviceGetFieldValues'):
+            return
+        field_id = getattr(nvml, 'NVML_FI_DEV_GET_GPU_RECOVERY_ACTION', NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
+        try:
+            value = nvml.nvmlDeviceGetFieldValues(handle, [field_id])[0]
+        except self.GpuIsLost as exc:
+            raise _GpuLost(exc)
+        except Exception:  # pylint: disable=broad-except
+            return  # an optional field: older drivers do not know it
+        if int(value.nvmlReturn) != 0:
+            return
+        number = int(value.value.uiVal)
+        if not 0 <= number < len(RECOVERY_ACTIONS):
+            dev.health.note('the driver reports an unknown recovery action (%d)' % number, 'recovery_action_unknown')
+            return
+        dev.recovery_action = RECOVERY_ACTIONS[number]
+        action = _RECOVERY_ACTIONS.get(number)
+        if action is None:
+            return
+        code = 'recovery_action_%s' % dev.recovery_action
+        if action[0] == 'none':
+            dev.health.note(action[1], code)
+        else:
+            dev.health.degrade(action[1], action=action[0], code=code)
+
+    def read_events(self, handles, timeout_ms=0):
+        """Xid (and double-bit ECC) events that the driver delivers to an event set within ``timeout_ms``.
+
+        ``handles``: {vendor_index: (Device, handle)}.  The driver delivers only events that occur while the
+        set is registered, so a snapshot (timeout 0) sees what arrives while it reads; the kernel log is the
+        history.  A device whose registration worked gets ``xid_events`` [] (the source could tell).
+        """
+        nvml = self.nvml
+        if not hasattr(nvml, 'nvmlEventSetCreate') or not handles:
+            return
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except Exception:  # pylint: disable=broad-except
+            return
+        by_handle = {}
+        try:
+            for _index, (dev, handle) in sorted(handles.items()):
+                try:
+                    supported = nvml.nvmlDeviceGetSupportedEventTypes(handle)
+                    wanted = int(supported) & (EVENT_XID | EVENT_DBE)
+                    if not wanted:
+                        continue
+                    nvml.nvmlDeviceRegisterEvents(handle, wanted, event_set)
+                except Exception:  # pylint: disable=broad-except
+                    continue  # not supported (or lost): this source cannot tell for this GPU
+                by_handle[ctypes.addressof(handle.contents) if hasattr(handle, 'contents') else id(handle)] = dev
+                if dev.xid_events is None:
+                    dev.xid_events = []
+            deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
+            for _n in range(1024):  # bounded: a storm of events cannot keep a snapshot here
+                left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+                try:
+                    data = nvml.nvmlEventSetWait_v2(event_set, left_ms)
+                except Exception:  # pylint: disable=broad-except
+                    break  # NVML_ERROR_TIMEOUT: nothing (more) pending
+                handle = data.device
+                key = ctypes.addressof(handle.contents) if hasattr(handle, 'contents') and handle else id(handle)
+                dev = by_handle.get(key)
+                if dev is None:
+                    continue
+                code = int(data.eventData) if int(data.eventType) & EVENT_XID else 48  # a DBE is what Xid 48 reports
+                dev.add_xid_event(xid_mod.make_event(code, 'nvml', time_s=round(time.time(), 3), pci_bus_id=dev.pci_bus_id,
+                                                     message='NVML event 0x%x' % int(data.eventType)))
+        finally:
             try:
-                values = nvml.nvmlDeviceGetFieldValues(handle, [field_id])
-                value = values[0]
-                if int(value.nvmlReturn) == 0:
-                    action = _RECOVERY_ACTIONS.get(int(value.value.uiVal))
-                    if action is not None:
-                        dev.health.degrade(action[1], action=action[0])
-            except self.GpuIsLost as exc:
-                raise _GpuLost(exc)
+                nvml.nvmlEventSetFree(event_set)
             except Exception:  # pylint: disable=broad-except
-                pass  # an optional field: older drivers do not know it
+                pass
 
     def _list(self, kind, base_name, handle):
         """One process list, falling back from the unversioned (_v3) call to _v2 once it is missing."""

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(h.sim_build() is None,
 
 FACT_DEVICE_KEYS = {'index', 'vendor', 'vendor_index', 'uuid', 'name', 'pci_bus_id', 'memory_total_mib', 'memory_used_mib',
                     'memory_free_mib', 'utilization_pct', 'temperature_c', 'power_w', 'power_limit_w', 'orphaned_mib',
-                    'health', 'processes'}
+                    'health', 'processes', 'xid_events', 'recovery_action', 'health_reasons'}  # the last three: issue #17
 FACT_PROCESS_KEYS = {'pid', 'gpu_indexes', 'used_mib', 'user', 'uid', 'name', 'cmdline', 'create_time', 'status',
                      'container', 'slurm_job'}
 
@@ -71,7 +71,7 @@ def test_identity_metrics_and_contract_keys(work):
     state['gpus'][1].update(util_pct=87, temp_c=71, power_w=312.5, power_limit_w=350.0)
     result = work.snapshot(state)
     facts = result['facts']
-    assert set(facts) == {'backends', 'devices', 'processes', 'holders'}
+    assert set(facts) == {'backends', 'devices', 'processes', 'holders', 'driver_hung'}   # driver_hung: issue #17
     assert facts['backends']['nvidia'] == {'available': True, 'version': '550.54.15', 'error': None}
     assert set(facts['backends']) == {'nvidia', 'amd', 'intel', 'apple'}
     assert [d['index'] for d in facts['devices']] == [0, 1]

@@ -81,7 +81,7 @@ def test_invalid_vendor_is_rejected_by_the_argument_spec():
 def test_argument_spec_matches_the_documented_options():
     spec = gpu_facts.argument_spec()
     assert spec['vendor']['choices'] == ['auto', 'nvidia', 'amd', 'intel', 'apple']
-    assert set(spec) == {'vendor', 'gather_processes', 'gpus', 'fail_on_no_gpu'}
+    assert set(spec) == {'vendor', 'gather_processes', 'gpus', 'fail_on_no_gpu', 'driver_timeout'}  # driver_timeout: issue #17
 
 
 @needs_sim

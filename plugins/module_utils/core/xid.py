@@ -1,0 +1,234 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+# This file is part of the PRIVATE core of the gpufleet.reclaim collection. It can change at any time.
+"""NVIDIA Xid errors: the classification table, the kernel-log reader and the health they imply.
+
+``XID_TABLE`` is the one copy of the table that docs/health.md prints (a unit test checks that they
+agree): per code, what it means, who is at fault (``application``, ``gpu``, ``driver``, ``system``) and
+the remediation step (``none``, ``kill_app``, ``reset``, ``drain``, ``reboot``).  Source: NVIDIA's Xid
+catalogue, "Analyzing Xid Errors with the Xid Catalog" (docs.nvidia.com/deploy/xid-errors/, the
+Ampere-and-newer catalogue and its "Resolution Bucket (Immediate Action)" column).
+
+The kernel log: the driver prints ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen
+off the bus.`` (older drivers: no ``PCI:``, no pid, or ``pid='<unknown>'``).  ``read_kmsg()`` reads what
+``/dev/kmsg`` holds now without blocking (one record per read; root, or CAP_SYSLOG, is needed) and turns
+the Xid records into XidEvents; ``$_GPUFLEET_KMSG`` names another file in the same format (the
+simulator's per-node fake kernel log: an internal test seam, never a user option).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+
+from .model import XidEvent
+from .text import printable
+
+KMSG_PATH = '/dev/kmsg'
+KMSG_ENV = '_GPUFLEET_KMSG'
+# Events older than this (seconds) are listed but change no health, unless the caller passes ``since``.
+DEFAULT_WINDOW_S = 3600.0
+# Bounds of one read of the kernel log: records and bytes (the ring buffer holds far fewer).
+MAX_RECORDS = 200000
+MAX_BYTES = 64 * 1024 * 1024
+MAX_MESSAGE = 512
+
+FAULTS = ('application', 'gpu', 'driver', 'system', 'unknown')
+ACTIONS = ('none', 'kill_app', 'reset', 'drain', 'reboot')
+
+# code: (meaning, fault, action).  See docs/health.md for the catalogue's wording and the reasoning.
+XID_TABLE = {
+    8: ('GPU stopped processing: a channel idled out (the application hung the GPU)', 'application', 'kill_app'),
+    13: ('Graphics engine exception: the application made an illegal access (out of range, bad instruction)',
+         'application', 'kill_app'),
+    31: ('GPU memory page fault: the application accessed memory it does not own', 'application', 'kill_app'),
+    32: ('Invalid or corrupted push buffer stream: corruption on the PCIe bus or in system memory', 'system', 'reset'),
+    38: ('Driver firmware error', 'driver', 'reset'),
+    43: ('GPU stopped processing: the channel of a faulting application was reset', 'application', 'kill_app'),
+    45: ('Preemptive cleanup after an earlier error or the application\'s end: informational', 'application', 'none'),
+    48: ('Double-bit (uncorrectable) ECC error', 'gpu', 'reset'),
+    61: ('Internal micro-controller breakpoint or warning', 'gpu', 'reset'),
+    62: ('Internal micro-controller halt', 'gpu', 'reset'),
+    63: ('Row remapping (or page retirement) recorded: reset the GPU to apply it', 'gpu', 'reset'),
+    64: ('Row remapping (or page retirement) failed', 'gpu', 'drain'),
+    68: ('Video decoder (NVDEC) exception', 'application', 'kill_app'),
+    69: ('Graphics engine class error: the application used an illegal class or method', 'application', 'kill_app'),
+    74: ('NVLink error', 'gpu', 'reset'),
+    79: ('GPU has fallen off the bus: the GPU stopped answering on PCIe', 'gpu', 'reboot'),
+    92: ('High single-bit ECC error rate (corrected): informational, watch it', 'gpu', 'none'),
+    94: ('Contained ECC error: only the application that touched the memory is affected', 'gpu', 'kill_app'),
+    95: ('Uncontained ECC error: every application on the GPU is affected', 'gpu', 'reset'),
+    109: ('Context switch timeout', 'application', 'kill_app'),
+    119: ('GSP RPC timeout: the GPU System Processor stopped answering the driver', 'gpu', 'reset'),
+    120: ('GSP error', 'gpu', 'reset'),
+    121: ('C2C link corrected error (Grace Hopper): informational', 'gpu', 'none'),
+    123: ('SPI PMU RPC write failure', 'gpu', 'reset'),
+    140: ('Unrecovered ECC error (the driver could not recover the memory)', 'gpu', 'reset'),
+    143: ('GPU initialization failure', 'gpu', 'reset'),
+    144: ('NVLink: SAW error', 'gpu', 'reset'),
+    145: ('NVLink: RLW error', 'gpu', 'reset'),
+    146: ('NVLink: TLW error', 'gpu', 'reset'),
+    147: ('NVLink: TREX error', 'gpu', 'reset'),
+    148: ('NVLink: NVLPW_CTRL error', 'gpu', 'reset'),
+    149: ('NVLink: NETIR error', 'gpu', 'reset'),
+    150: ('NVLink: MSE error', 'gpu', 'reset'),
+    154: ('GPU recovery action changed: the driver\'s recovery action field says what to do', 'driver', 'none'),
+}
+
+_XID_RE = re.compile(r'NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2})(?:\.[0-7])?\): (\d{1,5}),? ?(.*)')
+_PID_RE = re.compile(r"\bpid=(?:(\d{1,10})|'?<unknown>'?)")
+_NAME_RE = re.compile(r'\bname=([^,]*)')
+_WHO_RE = re.compile(r"^\s*pid=[^,]*,\s*(?:name=[^,]*,\s*)?")
+
+
+def classify(code):
+    """(meaning, fault, action) of an Xid code; an unknown code: (None, 'unknown', 'none')."""
+    return XID_TABLE.get(int(code), (None, 'unknown', 'none'))
+
+
+def pci_key(text):
+    """(domain, bus, device) numbers of a PCI address (``0000:3b:00``, ``00000000:3B:00.0``, ``3b:00.0``) or None."""
+    parts = str(text or '').strip().split('.', 1)[0].split(':')
+    if len(parts) == 2:
+        parts.insert(0, '0')
+    if len(parts) != 3:
+        return None
+    try:
+        return tuple(int(part, 16) for part in parts)
+    except ValueError:
+        return None
+
+
+def make_event(code, source, time_s=None, pid=None, name=None, pci_bus_id=None, message=None):
+    """An XidEvent with its fault and action from the table."""
+    _meaning, fault, action = classify(code)
+    return XidEvent(time=time_s, code=int(code), pid=pid, name=name, pci_bus_id=pci_bus_id, message=message,
+                    source=source, fault=fault, action=action)
+
+
+def parse_line(text, time_s=None):
+    """An XidEvent (source ``kmsg``) from one kernel-log message, or None when it is no Xid line."""
+    match = _XID_RE.search(text)
+    if match is None:
+        return None
+    rest = match.group(3)
+    pid = name = None
+    found = _PID_RE.search(rest)
+    if found and found.group(1):
+        pid = int(found.group(1))
+    found = _NAME_RE.search(rest)
+    if found and found.group(1).strip() and found.group(1).strip() not in ('<unknown>', "'<unknown>'"):
+        name = printable(found.group(1).strip()[:64])
+    return make_event(int(match.group(2)), 'kmsg', time_s=time_s, pid=pid, name=name, pci_bus_id=match.group(1).lower(),
+                      message=printable(_WHO_RE.sub('', rest).strip()[:MAX_MESSAGE]) or None)
+
+
+def parse_record(record, boot_epoch):
+    """An XidEvent from one /dev/kmsg record (``PRIO,SEQ,USEC,FLAGS;MESSAGE``, continuation lines after it)."""
+    header, sep, message = record.partition(';')
+    if not sep:
+        return parse_line(record)
+    fields = header.split(',')
+    time_s = None
+    if len(fields) >= 3 and fields[2].isdigit() and boot_epoch is not None:
+        time_s = round(boot_epoch + int(fields[2]) / 1e6, 3)
+    return parse_line(message.split('\n', 1)[0], time_s)
+
+
+def read_kmsg(path=None, now=None, monotonic=None):
+    """(events, error): the Xid events in the kernel log now, read without blocking; error is None, or why
+    the log could not be read (then events is None: nobody can tell)."""
+    path = path or os.environ.get(KMSG_ENV) or KMSG_PATH
+    wall = time.time() if now is None else now
+    mono = time.monotonic() if monotonic is None else monotonic
+    boot_epoch = wall - mono   # /dev/kmsg stamps records in microseconds of CLOCK_MONOTONIC
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        return None, 'cannot read the kernel log %s: %s' % (path, exc.strerror or exc)
+    events = []
+    pending = b''
+    total = 0
+    try:
+        import stat  # pylint: disable=import-outside-toplevel
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        for _record in range(MAX_RECORDS):
+            try:
+                chunk = os.read(fd, 65536 if regular else 8192)
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:   # records overwritten while reading: go on with the next one
+                    continue
+                if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    break                       # nothing more now: never wait for new records
+                if exc.errno == errno.EINTR:
+                    continue
+                return None, 'cannot read the kernel log %s: %s' % (path, exc.strerror or exc)
+            if not chunk:
+                break
+            total += len(chunk)
+            if regular:
+                pending += chunk
+                lines = pending.split(b'\n')
+                pending = lines.pop()
+            else:
+                lines = [chunk]                 # /dev/kmsg: one record per read
+            for line in lines:
+                if b'Xid' in line:
+                    event = parse_record(line.decode('utf-8', 'replace'), boot_epoch)
+                    if event is not None:
+                        events.append(event)
+            if total > MAX_BYTES:
+                break
+        if pending and b'Xid' in pending:
+            event = parse_record(pending.decode('utf-8', 'replace'), boot_epoch)
+            if event is not None:
+                events.append(event)
+    finally:
+        os.close(fd)
+    return events, None
+
+
+def join_events(devices, events):
+    """Give each event (from the kernel log) to the NVIDIA device with its PCI address; returns the events
+    that named no device here."""
+    by_pci = {}
+    for dev in devices:
+        if dev.vendor == 'nvidia' and dev.pci_bus_id:
+            by_pci[pci_key(dev.pci_bus_id)] = dev
+    unmatched = []
+    for event in events:
+        dev = by_pci.get(pci_key(event.pci_bus_id))
+        if dev is None:
+            unmatched.append(event)
+        else:
+            dev.add_xid_event(event)
+    return unmatched
+
+
+def apply_health(dev, now=None, since=None):
+    """Derive ``dev.health`` from its Xid events newer than ``since`` (default: the last DEFAULT_WINDOW_S):
+    a ``reboot`` Xid loses the GPU (recommended action reboot), ``reset``/``drain`` ones degrade it with that
+    action, the others are noted (``xid_<code>`` in ``health_reasons``) without degrading it."""
+    if not dev.xid_events:
+        return
+    now = time.time() if now is None else now
+    since = now - DEFAULT_WINDOW_S if since is None else since
+    for event in dev.xid_events:
+        if event.time is not None and event.time < since:
+            continue
+        meaning = classify(event.code)[0] or 'an Xid the table does not know'
+        who = ' (pid %d%s)' % (event.pid, ', %s' % event.name if event.name else '') if event.pid is not None else ''
+        reason = 'Xid %d%s: %s' % (event.code, who, meaning)
+        code = 'xid_%d' % event.code
+        if event.action == 'reboot':
+            dev.health.lose('%s; only a reboot of the node brings the GPU back' % reason, action='reboot', code=code)
+        elif event.action in ('reset', 'drain'):
+            dev.health.degrade('%s; %s the GPU' % (reason, event.action), action=event.action, code=code)
+        elif event.action == 'kill_app':
+            dev.health.note('%s; end the application' % reason, code)
+        else:
+            dev.health.note(reason, code)
