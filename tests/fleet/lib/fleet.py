@@ -595,8 +595,12 @@ def node_env(python, gpusim_init, probe_dir):
     return env
 
 
-def _port_free(port):
+def _port_free(port, reuse=False):
+    """True when 127.0.0.1:port can be bound; `reuse`: as sshd binds (SO_REUSEADDR: the TIME_WAIT
+    connections a node's own sshd left behind do not count)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if reuse:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(('127.0.0.1', port))
         return True
@@ -1175,7 +1179,7 @@ def reboot(fleet_dir, names, timeout=60.0, quiet=False):
 
     try:
         for node in nodes:
-            if not _port_free(node.port):
+            if not _port_free(node.port, reuse=True):
                 raise FleetError('reboot: port %d of %s is taken by another process meanwhile' % (node.port, node.name))
             launch_systemd_node(node)
     finally:
