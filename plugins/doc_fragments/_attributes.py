@@ -50,3 +50,24 @@ attributes:
     membership:
       - gpufleet.reclaim.gpu
 """
+
+    # The options the rogue detector is built from (core.rogue.detector_argument_spec): gpu_audit, gpu_kill.
+    ROGUE_DETECTOR = r"""
+options:
+  require_allocation:
+    description:
+      - Whether GPU use outside any Slurm job or container counts as a rogue indicator (rule C(S-no-allocation)).
+      - V(auto) counts it on hosts that use allocations - where other GPU processes run in Slurm jobs or containers (as the
+        root-owned part of their cgroup paths says), or where root runs C(slurmd) or C(kubelet) from a root-owned executable.
+        A process that a user merely names C(slurmd) does not count.
+    type: str
+    default: auto
+    choices: [auto, always, never]
+  history_path:
+    description:
+      - The SQLite usage history on the node, written by the guard.
+      - When it exists, the rogue detector reads each process's utilization and memory samples from it (for the flat
+        utilization and flat memory indicators). The file is opened read-only.
+    type: path
+    default: /var/lib/gpufleet/history.db
+"""

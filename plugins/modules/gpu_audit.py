@@ -42,6 +42,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpufleet.reclaim._attributes
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
+  - gpufleet.reclaim._attributes.ROGUE_DETECTOR
 attributes:
   check_mode:
     support: full
@@ -73,25 +74,10 @@ options:
     type: str
     default: info
     choices: [info, medium, high, critical]
-  require_allocation:
-    description:
-      - Whether GPU use outside any Slurm job or container counts as an indicator (rule C(S-no-allocation)).
-      - V(auto) counts it on hosts that use allocations - where other GPU processes run in jobs or containers, or
-        C(slurmd) or C(kubelet) runs.
-    type: str
-    default: auto
-    choices: [auto, always, never]
   history:
     description: Also return RV(report), the GPU usage report from O(history_path).
     type: bool
     default: false
-  history_path:
-    description:
-      - The SQLite usage history on the node, written by the guard.
-      - When it exists, the detector also reads each process's utilization and memory samples from it (for the flat
-        utilization and flat memory indicators), whatever O(history) says. The file is opened read-only.
-    type: path
-    default: /var/lib/gpufleet/history.db
   hours:
     description: The period of RV(report), in hours before now.
     type: float
@@ -246,7 +232,10 @@ findings:
       type: str
       returned: always
     cmdline:
-      description: The command line (at most 64 arguments of 1024 characters each).
+      description:
+        - The command line (at most 64 arguments of 1024 characters each), redacted with the default patterns of the
+          guard's policy (passwords, tokens, keys, URL credentials become C(<redacted>); a secret in the argument after
+          its option makes the list one element, the whole redacted command line).
       type: list
       elements: str
       returned: always
@@ -409,19 +398,20 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends imp
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
 
 FACILITIES = ('user', 'daemon', 'auth', 'authpriv', 'local0', 'local1', 'local2', 'local3', 'local4', 'local5', 'local6', 'local7')
 RECORD_SCHEMA = 1
 
 
 def argument_spec():
+    # require_allocation and history_path: rogue.detector_argument_spec(), as in gpu_kill
     return dict(
+        rogue.detector_argument_spec(),
         rules_file=dict(type='path'),
         rules=dict(type='dict'),
         min_level=dict(type='str', default='info', choices=list(rogue.LEVELS)),
-        require_allocation=dict(type='str', default='auto', choices=['auto', 'always', 'never']),
         history=dict(type='bool', default=False),
-        history_path=dict(type='path', default=history.DEFAULT_PATH),
         hours=dict(type='float', default=24.0),
         top=dict(type='int', default=10),
         idle_util_pct=dict(type='int', default=5),
@@ -473,6 +463,7 @@ def log_record(finding, run_id, host):
 
 
 def syslog_message(finding):
+    """One syslog line: JSON with ensure_ascii, so no control character of the user's exe path reaches syslog."""
     brief = {'level': finding['level'], 'score': finding['score'], 'pid': finding['pid'], 'user': finding['user'],
              'gpu_indexes': finding['gpu_indexes'], 'used_mib': finding['used_mib'], 'exe': finding['exe'],
              'rules': [r['id'] for r in finding['rules']], 'allowlisted': bool(finding['allowlisted'])}
@@ -503,8 +494,7 @@ def run(params, check_mode=False, snapshot=None):
     if snapshot is None:
         snapshot = take_snapshot(vendor=params['vendor'], gpus=params['gpus'], gather_processes=True)
     findings, detect_warnings, evaluated = rogue.detect_snapshot(
-        snapshot, config=config, min_level=params['min_level'], history_path=params['history_path'],
-        allocation=params['require_allocation'])
+        snapshot, config=config, min_level=params['min_level'], **rogue.detector_options(params))
     warnings.extend(w for w in detect_warnings if w not in warnings)
     warnings.extend(snapshot.errors)
     violations = []
@@ -545,6 +535,7 @@ def run(params, check_mode=False, snapshot=None):
 
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    respawn_if_needed(module)
     if not HAS_PSUTIL:
         module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
     try:

@@ -325,7 +325,8 @@ ansible_facts:
               sample: sleeping
             container:
               description:
-                - The container the process runs in, from its cgroup, else V(null).
+                - The container the process runs in, from the root-owned part of its cgroup path, else V(null). A cgroup that
+                  a user created (systemd delegation, anything under a user slice, so a rootless container too) names nothing.
                 - C(id) is the container id, C(runtime) one of V(docker), V(containerd), V(cri-o), V(podman) or
                   V(null) when the cgroup path does not name it, C(pod_uid) the Kubernetes pod UID or V(null).
               type: dict
@@ -333,7 +334,7 @@ ansible_facts:
               sample: {id: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef, runtime: containerd,
                        pod_uid: 6f1c3c2a-7d1e-4a53-9a3b-2f7c8d9e0a1b}
             slurm_job:
-              description: Slurm job id from the process's cgroup, else V(null).
+              description: Slurm job id from the root-owned part of the process's cgroup path, else V(null).
               type: str
               returned: always
               sample: "4242"
@@ -382,6 +383,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends imp
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
 
 
 def argument_spec():
@@ -405,6 +407,7 @@ def no_gpu_message(facts):
 
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    respawn_if_needed(module)
 
     if not HAS_PSUTIL:
         module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
@@ -418,6 +421,8 @@ def main():
     except GpuFleetError as exc:
         module.fail_json(msg=str(exc))
 
+    for warning in snapshot.unreadable:
+        module.warn(warning)
     facts = snapshot.to_facts()
     if params['fail_on_no_gpu'] and not snapshot.all_devices:
         module.fail_json(msg=no_gpu_message(facts), ansible_facts=dict(gpu=facts))

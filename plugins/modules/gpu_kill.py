@@ -32,6 +32,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpufleet.reclaim._attributes
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
+  - gpufleet.reclaim._attributes.ROGUE_DETECTOR
 attributes:
   check_mode:
     support: full
@@ -115,7 +116,9 @@ options:
       - This is the detector of gpufleet.reclaim.gpu_audit, with its built-in rules plus O(rules_file) and O(rules) (the
         same site rules and allowlist that gpu_audit was given); run gpu_audit first to see the findings and their evidence.
         V(critical) needs a hard indicator such as a stratum URL, miner options, a wallet address or a pool connection.
-      - Utilization and memory samples are read from the usage history C(/var/lib/gpufleet/history.db) when it exists.
+      - Utilization and memory samples are read from the usage history O(history_path) when it exists, and O(require_allocation)
+        decides whether GPU use outside any job or container counts, exactly as in gpufleet.reclaim.gpu_audit, so that both
+        modules reach the same findings.
     type: bool
     default: false
   rogue_min_level:
@@ -166,6 +169,10 @@ options:
   protect_names:
     description:
       - Processes with these names (process name, executable basename or C(argv[0]) basename) are never signalled.
+      - A name protects only a process that an ordinary user could not have named so - one whose real, effective and saved
+        uids are system accounts (at most C(SYS_UID_MAX) of C(/etc/login.defs), else 999), executing a root-owned file
+        that group and others may not write, from directories only root may write. A user's process named C(sshd) is not
+        protected.
       - Replaces the default list; include the defaults to extend it.
     type: list
     elements: str
@@ -186,6 +193,7 @@ options:
     description:
       - Absolute path of the JSON Lines file on the node that each run which signals something is appended to (who, when,
         the selectors and options, and what happened to each process). Lines are hash-chained, so edits are detectable.
+      - Command lines in the log are redacted like RV(killed[].cmdline).
       - An empty value or V(none) disables the log.
     type: path
     default: /var/log/gpufleet/actions.jsonl
@@ -260,7 +268,11 @@ killed:
       type: str
       returned: always
     cmdline:
-      description: Command line.
+      description:
+        - Command line, redacted with the default patterns of the guard's policy (C(notify.redact_patterns) in the
+          collection's C(docs/policy.md)). Passwords, tokens, keys and URL credentials become C(<redacted>). When a secret
+          is in the argument after its option (C(--password X)), the list holds one element, the whole redacted command
+          line. The same goes to O(audit_log).
       type: list
       elements: str
       returned: always
@@ -340,6 +352,37 @@ failed_processes:
   returned: always
   type: list
   elements: dict
+unmatched:
+  description:
+    - Each request that led nowhere, with why. A pid of O(pids) that selected nothing (it does not exist here, it is
+      not a GPU process, it holds a GPU device file the driver does not list, or it does not match the other
+      selectors; a protected pid says so too), a user of O(users) that selected nothing (unknown on this node, no GPU
+      process here, or none matching the other selectors), or, when nothing was selected at all and no pid or user
+      explains it, the selection as a whole.
+    - A pid that does not exist or is not a GPU process, and a user this node does not know, are also reported as
+      warnings; the task does not fail for them (on a fleet, user databases and running processes differ per node, and
+      a pid that is gone is what a kill wants). A user who exists but has no GPU process here is no warning.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    request:
+      description: What was asked for.
+      type: str
+      choices: [pid, user, selection]
+    value:
+      description: The pid, the user name, or (for C(selection)) the selectors as given.
+      type: raw
+    reason:
+      description: Why it selected nothing.
+      type: str
+  sample:
+    - request: pid
+      value: 99999
+      reason: no process with pid 99999 exists here (it has exited, or never existed)
+    - request: user
+      value: nosuchuser
+      reason: no user nosuchuser exists on this node (checked with the system user database)
 freed_mib:
   description: MiB freed per GPU (keys are host-wide GPU indexes as strings), measured through the driver.
   returned: always
@@ -388,12 +431,17 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors impor
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reclaim import SIGNALS, ReclaimOptions, reclaim
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import RulesError, load_config, selector_detector
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import (
+    RulesError, detector_argument_spec, detector_options, load_config, selector_detector)
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import ROGUE_LEVELS, Selector
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import printable
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
 
 
 def argument_spec():
+    # require_allocation and history_path (for rogue=true): detector_argument_spec(), as in gpu_audit
     return dict(
+        detector_argument_spec(),
         pids=dict(type='list', elements='int'),
         gpus=dict(type='list', elements='str'),
         users=dict(type='list', elements='str'),
@@ -440,7 +488,7 @@ def build(params):
                         name=params['name'], cmdline=params['cmdline'], min_used_mib=params['min_used_mib'],
                         idle_for=params['idle_for'], idle_util_pct=params['idle_util_pct'], older_than=params['older_than'],
                         orphans=params['orphans'], rogue=params['rogue'], rogue_min_level=params['rogue_min_level'],
-                        all_on_gpus=params['all_on_gpus'], rogue_detector=selector_detector(config=config))
+                        all_on_gpus=params['all_on_gpus'], rogue_detector=selector_detector(config=config, **detector_options(params)))
     options = ReclaimOptions(signal=params['signal'], timeout=params['timeout'], force=params['force'], tree=params['tree'],
                              release_timeout=params['release_timeout'], protect_names=params['protect_names'],
                              protect_users=params['protect_users'], vendor=params['vendor'],
@@ -449,7 +497,8 @@ def build(params):
 
 
 def _line(entry):
-    return '%s %s %s' % (entry['pid'], entry.get('user'), ' '.join(entry.get('cmdline') or []) or entry.get('name') or '')
+    """One process in the diff (shown as it is by Ansible's diff output: escaped; the command line is redacted)."""
+    return printable('%s %s %s' % (entry['pid'], entry.get('user'), ' '.join(entry.get('cmdline') or []) or entry.get('name') or ''))
 
 
 def diff(result):
@@ -472,6 +521,7 @@ def module_result(result):
 
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    respawn_if_needed(module)
     if not HAS_PSUTIL:
         module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
     try:

@@ -8,7 +8,8 @@
 
 Every line is one JSON object.  Its ``prev_hash`` is the SHA-256 of the previous line's bytes
 (without the newline) and its ``hash`` is the SHA-256 of the line's canonical JSON without the
-``hash`` key.  Editing, deleting or reordering lines breaks the chain, and ``verify`` says where.
+``hash`` key (keys as text, sorted as text: what the verifier reads back from the line).  Editing,
+deleting or reordering lines breaks the chain, and ``verify`` says where.
 Writers serialise on an exclusive ``flock`` of the log file itself, so concurrent writers (two
 module runs, or a module and the guard timer) never interleave or fork the chain.
 """
@@ -22,6 +23,9 @@ import getpass
 import hashlib
 import json
 import os
+import re
+
+from . import safe_files
 
 GENESIS = '0' * 64
 
@@ -32,6 +36,47 @@ class AuditLogError(Exception):
 
 def _canonical(record):
     return json.dumps(record, sort_keys=True, separators=(',', ':'), ensure_ascii=True, default=str)
+
+
+def _as_json(record):
+    """``record`` as JSON gives it back: every key text (a pid 9 becomes "9"), every value plain.
+
+    The hash is taken over this form, so the writer sorts the keys exactly as the verifier, which
+    only ever sees text keys, does (pids 9 and 10 sort as "10", "9" on both sides)."""
+    return json.loads(json.dumps(record, separators=(',', ':'), ensure_ascii=True, default=str))
+
+
+_INTEGER_KEY = re.compile(r'-?(?:0|[1-9][0-9]*)\Z')
+
+
+def _legacy_order(value):
+    """True when every object in ``value`` lists its keys as the writers before the fix did: sorted
+    as text, or (integer keys, e.g. pids) sorted as numbers."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            keys = list(item)
+            if keys != sorted(keys) and not (all(_INTEGER_KEY.match(k) for k in keys) and keys == sorted(keys, key=int)):
+                return False
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return True
+
+
+def _hash_matches(entry, claimed):
+    """Whether ``claimed`` is the hash of ``entry`` (without its hash key, keys in the order read).
+
+    The canonical form sorts the keys as text.  Logs written before that fix hashed integer keys
+    (the pids of one action) sorted as numbers: such a line is accepted when its hash matches its
+    own key order and that order is one the old writer produced, so old logs still verify while
+    any change of a key or a value still breaks the hash."""
+    if claimed == _line_hash(_canonical(entry).encode('ascii')):
+        return True
+    if not _legacy_order(entry):
+        return False
+    return claimed == _line_hash(json.dumps(entry, separators=(',', ':'), ensure_ascii=True).encode('ascii'))
 
 
 def _line_hash(raw):
@@ -83,16 +128,6 @@ def actor():
     return {'user': name, 'uid': os.geteuid(), 'sudo_user': os.environ.get('SUDO_USER'), 'host': os.uname().nodename}
 
 
-def _write_all(fd, data):
-    """os.write until every byte is written (a short write is retried; an error raises OSError)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if not written:
-            raise OSError(errno.EIO, 'the write made no progress')
-        view = view[written:]
-
-
 def append(path, record):
     """Append ``record`` (a dict) to the chained log at ``path``; returns the written record.
 
@@ -102,10 +137,9 @@ def append(path, record):
     last line left by an earlier crash is ended with a newline first (verify reports it; the new
     line chains onto its bytes), so a new record is never glued onto it.
     """
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(directory, mode=0o750, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NOFOLLOW', 0), 0o640)
+        # no link followed anywhere in the path; the directories and the file checked on their descriptors
+        fd = safe_files.open_append(path, mode=0o640, dir_mode=0o750)
     except OSError as exc:
         raise AuditLogError('cannot open audit log %s: %s' % (path, exc.strerror or exc))
     # Unbuffered: a failed write leaves nothing in a buffer that a later flush (or close) could
@@ -120,7 +154,7 @@ def append(path, record):
                 last, torn = _last_line(handle)
             except OSError as exc:
                 raise AuditLogError('cannot read audit log %s: %s' % (path, exc.strerror or exc))
-            entry = dict(record)
+            entry = _as_json(record)
             entry.setdefault('ts', now_iso())
             entry['prev_hash'] = GENESIS if last is None else _line_hash(last)
             entry.pop('hash', None)
@@ -128,7 +162,7 @@ def append(path, record):
             line = (b'\n' if torn else b'') + _canonical(entry).encode('ascii') + b'\n'
             start = os.lseek(fd, 0, os.SEEK_END)
             try:
-                _write_all(fd, line)
+                safe_files.write_all(fd, line)
                 os.fsync(fd)
             except OSError as exc:
                 try:
@@ -160,14 +194,14 @@ def verify(path):
                 entry = json.loads(raw.decode('utf-8'))
                 if not isinstance(entry, dict):
                     raise ValueError('not an object')
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 errors.append({'line': count, 'error': 'not a JSON object: %s' % exc})
                 prev = _line_hash(raw)
                 continue
             if entry.get('prev_hash') != prev:
                 errors.append({'line': count, 'error': 'chain broken: prev_hash does not match the line before'})
             claimed = entry.pop('hash', None)
-            if claimed != _line_hash(_canonical(entry).encode('ascii')):
+            if not _hash_matches(entry, claimed):
                 errors.append({'line': count, 'error': 'line content does not match its hash (edited)'})
             prev = _line_hash(raw)
     return {'valid': not errors, 'lines': count, 'errors': errors}

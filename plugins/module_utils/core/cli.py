@@ -29,6 +29,7 @@ import time
 
 from . import audit_log, guard, notify as notify_mod, policy as policy_mod
 from .errors import GpuFleetError
+from .text import printable, printable_lines
 
 PROG = 'gpufleet-guard'
 VERSION = '1.0.0'
@@ -147,11 +148,19 @@ def _print_json(data, out):
         indent = 2 if out.isatty() else None
     except (AttributeError, ValueError):
         indent = None
+    # ensure_ascii (the default): every control character, DEL and non-ASCII character is escaped
     out.write(json.dumps(data, indent=indent, sort_keys=True, default=str) + '\n')
 
 
+def _line(out, text):
+    """One line of human-facing output: whatever it quotes from processes, users or files is escaped
+    (text.printable), so it cannot move the cursor, retitle the terminal or forge another line."""
+    out.write(printable(text) + '\n')
+
+
 def _err(text):
-    sys.stderr.write('%s: %s\n' % (PROG, text))
+    """An error or warning on stderr; a message of several lines keeps them, indented under the first."""
+    sys.stderr.write('%s: %s\n' % (PROG, printable_lines(text).replace('\n', '\n  ')))
 
 
 # ---------------------------------------------------------------------------- tick and test
@@ -188,14 +197,14 @@ def cmd_tick(args, out):
         _print_json(summary, out)
     else:
         if summary.get('skipped'):
-            out.write('%s\n' % summary['skipped'])
+            _line(out, summary['skipped'])
         elif summary.get('error'):
             _err(summary['error'])
         else:
-            out.write('tick %s mode %s: %d violation(s), %d decision(s) in %.2fs\n' % (
+            _line(out, 'tick %s mode %s: %d violation(s), %d decision(s) in %.2fs' % (
                 summary['tick'], summary['mode'], len(summary['violations']), len(summary['decisions']), summary['duration']))
             for record in summary['decisions']:
-                out.write('  %s\n' % _decision_line(record))
+                _line(out, '  %s' % _decision_line(record))
     for warning in summary.get('warnings') or ():
         _err('warning: %s' % warning)
     return summary['rc']
@@ -211,18 +220,18 @@ def cmd_test(args, out):
     if summary.get('error'):
         _err(summary['error'])
         return summary['rc']
-    out.write('policy %s (mode %s): %d violation(s) now\n' % (paths.policy, summary['mode'], len(summary['violations'])))
+    _line(out, 'policy %s (mode %s): %d violation(s) now' % (paths.policy, summary['mode'], len(summary['violations'])))
     for violation in summary['violations']:
-        out.write('  %-18s %-22s %s; would end pid(s) %s\n' % (
+        _line(out, '  %-18s %-22s %s; would end pid(s) %s' % (
             violation['rule'], violation['subject'], violation['message'], ','.join(str(p) for p in violation['pids']) or '-'))
     if summary['decisions']:
-        out.write('a tick now would decide:\n')
+        _line(out, 'a tick now would decide:')
         for record in summary['decisions']:
-            out.write('  %s\n' % _decision_line(record))
+            _line(out, '  %s' % _decision_line(record))
     else:
-        out.write('a tick now would decide nothing new\n')
+        _line(out, 'a tick now would decide nothing new')
     for note in summary.get('notes') or ():
-        out.write('  note: %s\n' % note)
+        _line(out, '  note: %s' % note)
     for warning in summary.get('warnings') or ():
         _err('warning: %s' % warning)
     return summary['rc']
@@ -234,14 +243,15 @@ def cmd_check_config(args, out, stdin=None):
             stdin = stdin or sys.stdin
             data = stdin.buffer.read(policy_mod.MAX_POLICY_BYTES + 1) if hasattr(stdin, 'buffer') else stdin.read()
             policy = policy_mod.load_policy_text(data, '<stdin>')
+            syntax = policy_mod.document_syntax(data, '<stdin>')
         else:
             policy = policy_mod.load_policy(args.file)
+            syntax = policy_mod.document_format(args.file)
     except policy_mod.PolicyError as exc:
         if args.json:
-            _print_json({'valid': False, 'errors': [{'file': exc.source, 'path': p, 'value': repr(v), 'why': w}
-                                                    for p, v, w in exc.errors]}, out)
+            _print_json({'valid': False, 'errors': exc.problems()}, out)
         else:
-            sys.stderr.write(str(exc) + '\n')
+            sys.stderr.write(printable_lines(exc) + '\n')
         return 1
     now = time.time()
     notes = list(policy.notes)
@@ -250,12 +260,12 @@ def cmd_check_config(args, out, stdin=None):
             notes.append('exemptions[%d] expired on %s and is ignored' % (
                 index, datetime.datetime.fromtimestamp(exemption.expires, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')))
     if args.json:
-        _print_json({'valid': True, 'file': args.file, 'summary': policy.summary(), 'notes': notes}, out)
+        _print_json({'valid': True, 'file': args.file, 'syntax': syntax, 'summary': policy.summary(), 'notes': notes}, out)
     else:
-        out.write('%s: valid (%s format, mode %s%s)\n' % (args.file, policy.format, policy.mode,
-                                                          '' if policy.enabled else ', disabled'))
+        _line(out, '%s: valid (%s format, mode %s%s)' % (args.file, policy.format, policy.mode,
+                                                         '' if policy.enabled else ', disabled'))
         for note in notes:
-            out.write('note: %s\n' % note)
+            _line(out, 'note: %s' % note)
     return 0
 
 
@@ -287,7 +297,7 @@ def render_list(snapshot, patterns, now=None, width=160):
     lines = ['%-4s %-28s %17s %5s %5s %7s %5s' % ('GPU', 'NAME', 'MEMORY MiB', 'UTIL', 'TEMP', 'POWER', 'PIDS')]
     for dev in snapshot.devices:
         memory = '%s/%s' % (_fmt(dev.memory_used_mib), _fmt(dev.memory_total_mib))
-        lines.append('%-4s %-28s %17s %5s %5s %7s %5d' % (dev.index, (dev.name or '-')[:28], memory,
+        lines.append('%-4s %-28s %17s %5s %5s %7s %5d' % (dev.index, printable(dev.name or '-')[:28], memory,
                                                           _fmt(dev.utilization_pct, '%'), _fmt(dev.temperature_c, 'C'),
                                                           _fmt(dev.power_w, 'W'), len(dev.driver_processes)))
     lines.append('')
@@ -295,8 +305,8 @@ def render_list(snapshot, patterns, now=None, width=160):
     for proc in sorted(snapshot.processes, key=lambda p: (-(p.used_mib or 0), p.pid)):
         cmd = notify_mod.redact(proc.cmdline, patterns) or proc.name or '?'
         line = '%-8d %-12s %-6s %9s %5s %9s  %s' % (
-            proc.pid, (proc.user or '?')[:12], ','.join(str(g) for g in proc.gpu_indexes), _fmt(proc.used_mib),
-            _fmt(proc.util_pct, '%'), _age(proc.create_time, now), cmd)
+            proc.pid, printable(proc.user or '?')[:12], ','.join(str(g) for g in proc.gpu_indexes), _fmt(proc.used_mib),
+            _fmt(proc.util_pct, '%'), _age(proc.create_time, now), printable(cmd))
         lines.append(line[:width])
     if not snapshot.processes:
         lines.append('(no GPU processes)')
@@ -338,7 +348,7 @@ def cmd_list(args, out, sleep=time.sleep, isatty=None):
                 text = render_list(snapshot, patterns)
             if args.watch and tty:
                 out.write('\x1b[H\x1b[2J')  # home and clear: refresh in place
-                out.write('%s  every %.0fs  %s\n\n' % (os.uname().nodename, args.interval,
+                out.write('%s  every %.0fs  %s\n\n' % (printable(os.uname().nodename), args.interval,
                                                        time.strftime('%Y-%m-%d %H:%M:%S')))
             elif args.watch and done and not args.json:
                 out.write('\n')
@@ -356,8 +366,7 @@ def _patterns(paths):
     try:
         return policy_mod.load_policy(paths.policy).notify.redact_patterns
     except policy_mod.PolicyError:
-        import re  # pylint: disable=import-outside-toplevel
-        return [re.compile(p) for p in policy_mod.DEFAULT_REDACT_PATTERNS]
+        return notify_mod.default_patterns()
 
 
 # ---------------------------------------------------------------------------- kill, reset, audit
@@ -369,7 +378,7 @@ def cmd_kill(args, out):
     selector = Selector(pids=args.pids, users=args.users, gpus=args.gpus, all_on_gpus=args.all_on_gpus, name=args.name,
                         cmdline=args.cmdline)
     options = ReclaimOptions(signal=args.signal, timeout=args.timeout, force=args.force, tree=not args.no_tree,
-                             vendor=settings.vendor, audit_path=paths.log)
+                             vendor=settings.vendor, audit_path=paths.log, redact_patterns=_patterns(paths))
     result = reclaim(selector, options, check_mode=args.dry_run, dev_roots=args.dev_roots)
     _print_json(result, out)
     return 1 if result['failed'] else 0
@@ -426,11 +435,11 @@ def cmd_audit(args, out):
     if args.json:
         _print_json({'findings': findings, 'summary': summary, 'logged': logged, 'warnings': warnings}, out)
     else:
-        out.write('examined %d process(es): %s; %d finding(s) logged to %s\n' % (
+        _line(out, 'examined %d process(es): %s; %d finding(s) logged to %s' % (
             evaluated, ', '.join('%d %s' % (summary.get(level, 0), level) for level in reversed(rogue.LEVELS)), logged,
             paths.audit_log))
         for finding in findings:
-            out.write('  %-8s score %3s pid %s user %s %s\n' % (
+            _line(out, '  %-8s score %3s pid %s user %s %s' % (
                 finding['level'], finding['score'], finding['pid'], finding['user'], ', '.join(r['id'] for r in finding['rules'])))
     for warning in warnings:
         _err('warning: %s' % warning)
@@ -449,11 +458,11 @@ def cmd_verify_log(args, out):
     else:
         for result in results:
             if result['valid']:
-                out.write('%s: chain valid, %d line(s)\n' % (result['file'], result['lines']))
+                _line(out, '%s: chain valid, %d line(s)' % (result['file'], result['lines']))
             else:
-                out.write('%s: chain BROKEN\n' % result['file'])
+                _line(out, '%s: chain BROKEN' % result['file'])
                 for error in result['errors'][:20]:
-                    out.write('  line %s: %s\n' % (error['line'], error['error']))
+                    _line(out, '  line %s: %s' % (error['line'], error['error']))
     return 0 if all(r['valid'] for r in results) else 1
 
 

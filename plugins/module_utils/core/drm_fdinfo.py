@@ -34,6 +34,7 @@ import re
 import time
 from collections import OrderedDict
 
+from .identity import kernel_lines
 from .processes import walk_fd_links
 
 MIB = 1024 * 1024
@@ -176,7 +177,7 @@ class DrmClient(object):
 def parse_fdinfo(text):
     """Parse one fdinfo text; a DrmClient, or None when it is not a DRM fd (no ``drm-driver``)."""
     client = DrmClient()
-    for line in (text or '').splitlines():
+    for line in kernel_lines(text or ''):  # drm-client-name is the client's own text
         key, sep, value = line.partition(':')
         if not sep:
             continue

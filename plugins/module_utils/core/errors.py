@@ -25,6 +25,15 @@ class InvalidArgument(GpuFleetError):
         super(InvalidArgument, self).__init__('%s: invalid value %r: %s' % (field, value, why))
 
 
+class MissingArgument(InvalidArgument):
+    """A required choice was not made: ``field`` names the options, ``why`` what to give.  There is
+    no value to show, so the message is ``field: why`` (``value`` is None)."""
+
+    def __init__(self, field, why):
+        super(MissingArgument, self).__init__(field, None, why)
+        self.args = ('%s: %s' % (field, why),)
+
+
 class MissingLibrary(GpuFleetError):
     """A Python package the requested operation needs is not importable.
 

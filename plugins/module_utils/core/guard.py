@@ -31,8 +31,10 @@ import json
 import os
 import time
 
-from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod
-from .errors import GpuFleetError, InvalidArgument
+from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod, safe_files
+from .errors import GpuFleetError, InvalidArgument  # pylint: disable=unused-import  # load_settings raises InvalidArgument (a PolicyError)
+from .exe_hash import ExeHashes
+from .processes import user_uid
 
 STATE_VERSION = 1
 DEFAULT_PATHS = {
@@ -46,7 +48,7 @@ DEFAULT_PATHS = {
     'history': '/var/lib/gpufleet/history.db',
     'allocations': '/run/gpufleet/allocations.json',
 }
-SETTINGS_KEYS = ('vendor', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path', 'lock_path',
+SETTINGS_KEYS = ('vendor', 'policy_path', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path', 'lock_path',
                  'webhook_url', 'webhook_allow_http', 'webhook_timeout', 'release_timeout', 'history_retention_days')
 MAX_TRACKED = 10000
 
@@ -80,68 +82,82 @@ class Settings(object):
         self.dev_root = dev_root
         self.utmp_paths = utmp_paths
         self.mode = mode              # overrides the policy's mode (tick --dry-run)
+        self.refused = None           # why the settings file was not read (a link, or someone else could change it)
 
 
 def load_settings(path, paths):
     """Read the settings file (YAML or JSON mapping, mode 0600: it may hold the webhook URL).
 
-    Missing file: defaults.  Path keys update ``paths``.  Raises InvalidArgument on a bad file.
+    Missing file: defaults.  Path keys update ``paths``.  Raises InvalidArgument on a bad file (a
+    PolicyError naming the file, and each bad setting with its line where known and its value).  A
+    file that is a link, or that someone else than root (or the agent's user) could change or swap
+    (safe_files): not read, the defaults, ``refused`` says why (a tick then refuses to act).
     """
     settings = Settings()
-    if not path or not os.path.exists(path):
+    if not path:
         return settings
     try:
-        with open(path, 'rb') as handle:
-            text = handle.read(1024 * 1024).decode('utf-8')
+        # no link followed; the file and every directory above it checked on their descriptors
+        text = safe_files.read_file(path, 1024 * 1024).decode('utf-8')
+    except FileNotFoundError:
+        return settings
+    except safe_files.UnsafeFile as exc:
+        # not read: the defaults apply, and a tick refuses to act (untrusted_inputs checks this file too)
+        settings.refused = 'the settings were not read: %s' % exc
+        return settings
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgument('settings', path, 'cannot read: %s' % exc)
-    try:
-        yaml = policy_mod.yaml_module()
-        if yaml is not None:
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text) if text.strip() else None
-    except Exception as exc:  # pylint: disable=broad-except
-        raise InvalidArgument('settings', path, 'not YAML/JSON: %s' % str(exc).replace('\n', ' '))
+        raise policy_mod.PolicyError([('', None, 'cannot read the settings: %s' % (getattr(exc, 'strerror', None) or exc))],
+                                     path, what='settings')
+    # the format by the extension (guard.yaml: YAML), the same limits as the policy's
+    data, lines = policy_mod.read_document_lines(text, path, what='settings')
     if data is None:
         return settings
     if not isinstance(data, dict):
-        raise InvalidArgument('settings', path, 'expected a mapping')
+        raise policy_mod.PolicyError([('', data, 'the settings are a mapping')], path, what='settings')
+    errors = []
     allow_http = False
     for key, value in data.items():
         if key not in SETTINGS_KEYS:
-            raise InvalidArgument('%s: %s' % (path, key), value, 'unknown setting; expected one of %s' % ', '.join(SETTINGS_KEYS))
-        if key.endswith('_path'):
+            errors.append((key, value, 'unknown setting; expected one of %s' % ', '.join(SETTINGS_KEYS)))
+        elif key == 'policy_path' and value in (None, ''):
+            errors.append((key, value, 'expected the absolute path of the policy file (the policy cannot be turned off)'))
+        elif key.endswith('_path'):
             if value not in (None, '') and (not isinstance(value, str) or not value.startswith('/')):
-                raise InvalidArgument('%s: %s' % (path, key), value, 'expected an absolute path (or an empty value to turn it off)')
-            name = key[:-5]
-            setattr(paths, name, value or None)
+                errors.append((key, value, 'expected an absolute path (or an empty value to turn it off)'))
+            else:
+                setattr(paths, key[:-5], value or None)
         elif key == 'vendor':
             if value not in ('auto', 'nvidia', 'amd', 'intel', 'apple'):
-                raise InvalidArgument('%s: vendor' % path, value, 'expected auto, nvidia, amd, intel or apple')
+                errors.append((key, value, 'expected auto, nvidia, amd, intel or apple'))
             settings.vendor = value
         elif key == 'webhook_url':
             settings.webhook_url = value if value not in (None, '') else None
         elif key == 'webhook_allow_http':
             if value is not None and not isinstance(value, bool):
-                raise InvalidArgument('%s: webhook_allow_http' % path, value, 'expected true or false')
-            allow_http = bool(value)
-        else:
-            if value is None:
-                continue
+                errors.append((key, value, 'expected true or false'))
+                allow_http = None
+            else:
+                allow_http = bool(value)
+        elif value is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3650:
-                raise InvalidArgument('%s: %s' % (path, key), value, 'expected a positive number')
-            setattr(settings, key, float(value) if key != 'history_retention_days' else int(value))
+                errors.append((key, value, 'expected a positive number'))
+            else:
+                setattr(settings, key, float(value) if key != 'history_retention_days' else int(value))
     url = settings.webhook_url
-    why = None if url is None else notify_mod.webhook_url_problem(url, allow_http, 'webhook_allow_http')
+    why = None if url is None or allow_http is None else notify_mod.webhook_url_problem(url, allow_http, 'webhook_allow_http')
     if why:
-        raise InvalidArgument('%s: webhook_url' % path, (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why)
+        errors.append(('webhook_url', (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why))
+    if errors:
+        raise policy_mod.PolicyError(errors, path, lines, what='settings')
     return settings
 
 
 # ============================================================================ lock and state
 class TickLock(object):
-    """An exclusive, non-blocking flock; ``acquired`` is False when another tick holds it."""
+    """An exclusive, non-blocking flock; ``acquired`` is False when another tick holds it.
+
+    The lock file is opened without following a link (O_NOFOLLOW, every directory above it
+    checked) and checked on its descriptor; an unsafe one raises safe_files.UnsafeFile."""
 
     def __init__(self, path):
         self.path = path
@@ -149,22 +165,28 @@ class TickLock(object):
         self.acquired = False
 
     def __enter__(self):
-        directory = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o600)
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def acquire(self):
+        self.fd = safe_files.open_lock(self.path, dir_mode=0o755)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.acquired = True
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(self.fd)
+                self.fd = None
                 raise
         return self
 
-    def __exit__(self, *exc):
+    def release(self):
         if self.fd is not None:
             os.close(self.fd)  # closing releases the lock
             self.fd = None
-        return False
 
 
 def new_state(now):
@@ -183,7 +205,7 @@ def _valid_state(data):
         if not isinstance(entry, dict) or not policy_mod._is_number(entry.get('first_seen')) \
                 or not isinstance(entry.get('warnings'), int) or isinstance(entry.get('warnings'), bool):
             return 'violation entry %r is malformed' % key
-        if entry.get('acted_at') is not None and not policy_mod._is_number(entry.get('acted_at')):
+        if any(entry.get(name) is not None and not policy_mod._is_number(entry.get(name)) for name in ('acted_at', 'gone_since')):
             return 'violation entry %r is malformed' % key
     for key, clock in data['idle'].items():
         if not isinstance(clock, dict) or not policy_mod._is_number(clock.get('since')):
@@ -195,8 +217,7 @@ def load_state(path, now):
     """(state, warning or None).  A missing, unreadable or corrupt file gives a fresh state and a
     warning; so does a state whose clock lies in the future (the system clock went back)."""
     try:
-        with open(path, 'rb') as handle:
-            raw = handle.read(64 * 1024 * 1024)
+        raw = safe_files.read_file(path, 64 * 1024 * 1024)
     except FileNotFoundError:
         return new_state(now), None
     except OSError as exc:
@@ -230,24 +251,7 @@ def save_state(path, state):
     Temporary files that a tick killed halfway through its write left behind are removed first
     (only a tick writes the state, and ticks hold the lock, so no other writer owns one)."""
     text = json.dumps(state, sort_keys=True, separators=(',', ':'), default=str)
-    remove_stale_temps(path)
-    metrics_mod.write_atomic(path, text, mode=0o600, dir_mode=0o750)
-
-
-def remove_stale_temps(path):
-    """Remove the temporary files write_atomic makes for ``path`` (``.NAME.*`` in its directory)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    prefix = '.%s.' % os.path.basename(path)
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(prefix):
-            try:
-                os.unlink(os.path.join(directory, name))
-            except OSError:
-                pass
+    safe_files.write_atomic(path, text, mode=0o600, dir_mode=0o750, remove_stale=True)
 
 
 # ============================================================================ escalation
@@ -286,7 +290,12 @@ def escalate(violations, state, now, policy):
     Warnings go out at ``escalation.warn_at`` seconds after the violation was first seen; the action
     comes at ``act_at`` (a rogue violation uses the rogue grace) once every warning went out in an
     earlier tick (an ``act_at`` of 0 acts at once).  A rule whose action is ``warn`` only warns.
-    A failed action is retried after ``retry_after``.  Violations that disappeared are ``clear``ed.
+    A failed action is retried after ``retry_after``.  A violation that disappeared is ``clear``ed
+    once it has stayed away for ``clear_after`` seconds, counted from the first tick that did not
+    see it (so one tick under the limit never restarts the warnings and the grace); until then it
+    keeps its escalation and, if it comes back, goes on from where it was.  It is cleared at once
+    when it was acted on (the action ended it; a new one starts from its first warning) or when the
+    policy is disabled.
     """
     tracked = state.setdefault('violations', {})
     esc = policy.escalation
@@ -304,6 +313,7 @@ def escalate(violations, state, now, policy):
                                               'acts': 0, 'rule': violation.rule, 'subject': violation.subject,
                                               'user': violation.user}
         entry['last_seen'] = now
+        entry.pop('gone_since', None)
         entry['pids'] = list(violation.pids)[:64]
         if violation.grace is not None:
             act_at, warn_at = violation.grace, [0.0]
@@ -325,9 +335,14 @@ def escalate(violations, state, now, policy):
             act_in = max(0.0, act_at - elapsed) if acts else None
             decisions.append(Decision('warn', violation, step=due, first_seen=entry['first_seen'], act_in=act_in, entry=entry))
     for key in sorted(tracked):
-        if key not in seen:
-            entry = tracked.pop(key)
-            decisions.append(Decision('clear', key=key, first_seen=entry.get('first_seen'), entry=entry))
+        if key in seen:
+            continue
+        entry = tracked[key]
+        gone_since = entry.setdefault('gone_since', now)
+        if policy.enabled and entry.get('acted_at') is None and now - gone_since < esc.clear_after:
+            continue  # away for less than clear_after: not cleared yet
+        tracked.pop(key)
+        decisions.append(Decision('clear', key=key, first_seen=entry.get('first_seen'), entry=entry))
     return decisions
 
 
@@ -463,7 +478,7 @@ def notify_users(decisions, policy, mode, host, settings, patterns):
                 if proc.get('user') == user and proc.get('uid') is not None:
                     uid = proc['uid']
         if uid is None and user is not None:
-            uid = _uid_of(user)
+            uid = user_uid(user)
         payload = []
         for decision in items:
             entry = decision.to_dict(patterns)
@@ -479,18 +494,14 @@ def notify_users(decisions, policy, mode, host, settings, patterns):
     return failures
 
 
-def _uid_of(user):
-    try:
-        import pwd  # pylint: disable=import-outside-toplevel
-        return pwd.getpwnam(user).pw_uid
-    except (ImportError, KeyError):
-        return None
-
-
 # ============================================================================ the tick
-def build_context(policy, snapshot, paths, settings, proc_root='/proc'):
-    """The evaluation Context of a live node: scheduler, allocations, rogue findings.  (warnings, context)"""
+def build_context(policy, snapshot, paths, settings, proc_root='/proc', exe_hashes=None):
+    """The evaluation Context of a live node: scheduler, allocations, rogue findings.  (warnings, context)
+
+    ``exe_hashes``: the exe_hash.ExeHashes that both the exemptions and the rogue allowlist hash
+    executables with (a tick's keeps its digests in the state); default: a new one."""
     warnings = []
+    exe_hashes = exe_hashes if exe_hashes is not None else ExeHashes(proc_root=proc_root)
     needs_allocation = policy.defaults.get('require_allocation') or any(
         u.get('require_allocation') for u in policy.users.values()) or any(
         g.limits.get('require_allocation') for g in policy.groups)
@@ -504,10 +515,10 @@ def build_context(policy, snapshot, paths, settings, proc_root='/proc'):
     if policy.rogue.enabled:
         try:
             from . import rogue  # pylint: disable=import-outside-toplevel
-            config = rogue.load_config(rules_file=policy.rogue.rules_file)
+            config = rogue.load_config(rules_file=policy.rogue.rules_file, checked=True)
             warnings.extend(config.warnings)
             found, more, _count = rogue.detect_snapshot(snapshot, config=config, min_level=policy.rogue.act_min_level,
-                                                        history_path=paths.history)
+                                                        history_path=paths.history, exe_hashes=exe_hashes)
             warnings.extend(more)
             findings = dict((f['pid'], f) for f in found if f.get('listed'))
         except ImportError:
@@ -515,11 +526,21 @@ def build_context(policy, snapshot, paths, settings, proc_root='/proc'):
         except GpuFleetError as exc:
             warnings.append('rogue detection failed: %s' % exc)
     return warnings, policy_mod.Context(scheduler=scheduler, allocations=allocations, rogue_findings=findings,
-                                        proc_root=proc_root)
+                                        proc_root=proc_root, exe_cache=exe_hashes)
 
 
-def record_history(paths, snapshot, now, settings):
-    """Append the snapshot to the SQLite usage history; returns a warning or None (never raises)."""
+def violation_dict(violation, patterns):
+    """``Violation.to_dict()`` with the processes' command lines redacted (notify.redact_argv): what
+    the tick's summary (printed, returned by gpu_audit) says about a violation."""
+    item = violation.to_dict()
+    for proc in item['procs']:
+        proc['cmdline'] = notify_mod.redact_argv(proc.get('cmdline'), patterns)
+    return item
+
+
+def record_history(paths, snapshot, now, settings, patterns=None):
+    """Append the snapshot to the SQLite usage history, command lines redacted by ``patterns`` (the
+    policy's; None: the defaults); returns a warning or None (never raises)."""
     if not paths.history:
         return None
     try:
@@ -530,7 +551,7 @@ def record_history(paths, snapshot, now, settings):
         kwargs = {}
         if settings.history_retention_days:
             kwargs['retention_days'] = settings.history_retention_days
-        history.record_samples(paths.history, snapshot, now, **kwargs)
+        history.record_samples(paths.history, snapshot, now, patterns=patterns, **kwargs)
     except Exception as exc:  # pylint: disable=broad-except
         return 'could not record the usage history in %s: %s' % (paths.history, exc)
     return None
@@ -556,53 +577,89 @@ def _count(counters, key, label, amount=1):
 def run_tick(paths, settings, now=None, snapshot=None, context=None, dev_roots=None, take_snapshot=None, write=True):
     """One enforcement pass.  Returns a summary dict (``rc``: 0 ok, 1 error; ``skipped`` when locked).
 
-    ``write=False`` is the ``test`` command: nothing is written, signalled or sent.
+    ``write=False`` is the ``test`` command: nothing is written, signalled or sent.  Files that
+    someone else could change or swap (``untrusted_inputs``): nothing is read or decided, rc 1.
     Seams for tests: now, snapshot / take_snapshot, context, dev_roots.
     """
     wall0, cpu0 = time.time(), time.process_time()
     now = wall0 if now is None else float(now)
+    problems = untrusted_inputs(paths)
+    if problems:
+        return _refuse(paths, problems, now, write, wall0, cpu0)
     if write:
         lock = TickLock(paths.lock)
-        with lock:
+        try:
+            lock.acquire()
+        except safe_files.UnsafeFile as exc:   # changed since the check above
+            return _refuse(paths, [_problem('lock', paths.lock, exc)], now, write, wall0, cpu0)
+        try:
             if not lock.acquired:
                 return {'rc': 0, 'skipped': 'another tick holds %s; this one did nothing' % paths.lock}
             return _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0)
+        finally:
+            lock.release()
     return _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0)
 
 
+# (label, Paths attribute, strict): the files a tick reads or writes.  strict=False: written only, never
+# read back to decide anything (see safe_files: the directories above the file's own may be group-writable)
+CHECKED_FILES = (('policy', 'policy', True), ('settings', 'settings', True), ('state', 'state', True),
+                 ('usage history', 'history', True), ('allocations', 'allocations', True),
+                 ('log', 'log', False), ('metrics', 'metrics', False), ('lock', 'lock', False))
+
+
+def _problem(label, path, exc):
+    """The sentence for UnsafeFile ``exc`` found while checking the ``label`` file ``path``."""
+    path = os.path.abspath(path)
+    found = os.path.abspath(exc.filename) if exc.filename else path
+    if found == path:
+        return 'the %s file %s %s' % (label, path, exc.why)
+    if found == os.path.dirname(path):
+        return 'the %s directory %s %s' % (label, found, exc.why)
+    return 'the directory %s (above the %s file %s) %s' % (found, label, path, exc.why)
+
+
 def untrusted_inputs(paths, euid=None):
-    """Why the agent must not trust its inputs: the policy or settings file, or the state directory,
-    is writable by group or others, or owned by someone other than root or the agent's user.  A
-    list of problems (empty: trusted).  A root agent that read a policy anyone could edit would
-    signal whatever that person wrote into it."""
+    """Why the agent must not trust its files: one of them, or a directory above it, could be
+    changed or swapped by someone else than root or the agent's user (see safe_files for the
+    checks: no symbolic link anywhere in the path, owners, group/other write unless sticky).  The
+    policy, settings, state, usage history, allocations, log, metrics and lock files are checked;
+    missing ones are fine (the guard creates them, through the same checks).  A list of problems
+    (empty: trusted).  A root agent that read a policy anyone could swap would signal whatever
+    that person wrote into it, and one that wrote through a link would overwrite or expose
+    whatever file the link names."""
     euid = os.geteuid() if euid is None else euid
     problems = []
-    checks = (('policy file', paths.policy), ('settings file', paths.settings),
-              ('state directory', os.path.dirname(paths.state) if paths.state else None),
-              # whoever can write the directory can put another file in place of the policy or settings
-              ('policy directory', os.path.dirname(os.path.abspath(paths.policy)) if paths.policy else None),
-              ('settings directory', os.path.dirname(os.path.abspath(paths.settings)) if paths.settings else None))
     seen = set()
-    for label, path in checks:
-        if not path or path in seen:
+    for label, attribute, strict in CHECKED_FILES:
+        path = getattr(paths, attribute, None)
+        if not path:
             continue
-        seen.add(path)
         try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            continue
+            safe_files.check(path, euid=euid, strict=strict)
+        except safe_files.UnsafeFile as exc:
+            if exc.filename not in seen:       # a shared directory is named once
+                seen.add(exc.filename)
+                problems.append(_problem(label, path, exc))
         except OSError as exc:
-            problems.append('cannot check the %s %s: %s' % (label, path, exc.strerror or exc))
-            continue
-        if label in ('policy directory', 'settings directory') and info.st_mode & 0o1000:
-            continue  # sticky (like /tmp): others cannot replace a file they do not own, and the file's owner is checked
-        if info.st_mode & 0o022:
-            problems.append('the %s %s is writable by %s (mode %04o); run chmod go-w on it' % (
-                label, path, 'group and others' if info.st_mode & 0o022 == 0o022 else
-                ('others' if info.st_mode & 0o002 else 'its group'), info.st_mode & 0o7777))
-        if info.st_uid not in (0, euid):
-            problems.append('the %s %s is owned by uid %d, not by root or the agent (uid %d)' % (label, path, info.st_uid, euid))
+            problems.append('cannot check the %s file %s: %s' % (label, path, exc.strerror or exc))
     return problems
+
+
+def _refuse(paths, problems, now, write, wall0, cpu0):
+    """The tick refuses to act on files it cannot trust: logged (``guard_untrusted_input``, when
+    the log itself can be written safely), ``gpufleet_guard_policy_valid 0`` in the metrics (when
+    they can), exit code 1."""
+    host = os.uname().nodename
+    tick_id = os.urandom(8).hex()
+    warnings = []
+    summary = {'rc': 1, 'tick': tick_id, 'host': host, 'time': now, 'warnings': warnings,
+               'error': 'refusing to act on untrusted input: %s' % '; '.join(problems)}
+    if write:
+        _log(paths, {'event': 'guard_untrusted_input', 'tick': tick_id, 'host': host, 'problems': problems}, warnings)
+        _write_metrics(paths, None, [], {}, {'time': now, 'duration': time.time() - wall0, 'cpu': time.process_time() - cpu0},
+                       None, False, False, warnings)
+    return summary
 
 
 def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, write, wall0, cpu0):
@@ -610,12 +667,6 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
     tick_id = os.urandom(8).hex()
     warnings = []
     summary = {'rc': 0, 'tick': tick_id, 'host': host, 'time': now, 'warnings': warnings}
-    problems = untrusted_inputs(paths)
-    if problems:
-        summary.update(rc=1, error='refusing to act on untrusted input: %s' % '; '.join(problems))
-        if write:
-            _log(paths, {'event': 'guard_untrusted_input', 'tick': tick_id, 'host': host, 'problems': problems}, warnings)
-        return summary
     state, problem = load_state(paths.state, now)
     if not isinstance(state.get('policy_cache'), dict):
         state['policy_cache'] = {}
@@ -647,13 +698,18 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         snapshot = take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=dev_roots, inventory=inventory)
     warnings.extend(snapshot.errors)
     if write:
-        problem = record_history(paths, snapshot, now, settings)
+        problem = record_history(paths, snapshot, now, settings, policy.notify.redact_patterns)
         if problem:
             warnings.append(problem)
+    exe_hashes = None
     if context is None:
-        more, context = build_context(policy, snapshot, paths, settings)
+        # executables' digests are kept across ticks (exe_hash): most ticks read no executable
+        exe_hashes = ExeHashes(state.get('exe_hashes'))
+        more, context = build_context(policy, snapshot, paths, settings, exe_hashes=exe_hashes)
         warnings.extend(more)
     state, violations, notes, decisions = decide(policy, snapshot, state, now, context)
+    if exe_hashes is not None:
+        state['exe_hashes'] = exe_hashes.entries
     patterns = policy.notify.redact_patterns
     counters = state.setdefault('counters', new_state(now)['counters'])
     if write:
@@ -691,7 +747,7 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
     state['last_tick'] = now
     state['last_tick_duration'] = round(duration, 3)
     state['mode'] = mode
-    summary.update(violations=[v.to_dict() for v in violations], decisions=list(records), notes=notes[:100])
+    summary.update(violations=[violation_dict(v, patterns) for v in violations], decisions=list(records), notes=notes[:100])
     if write:
         unlogged = sum(1 for record in records if not _log(paths, record, warnings))
         if unlogged:
@@ -715,7 +771,7 @@ def _write_metrics(paths, snapshot, violations, counters, tick, mode, valid, ena
         return
     try:
         text = metrics_mod.guard_metrics(snapshot, violations, counters, tick, mode, valid, enabled).render()
-        metrics_mod.write_atomic(paths.metrics, text)
+        safe_files.write_atomic(paths.metrics, text, mode=0o644, dir_mode=0o755, strict=False)
     except OSError as exc:
         warnings.append('could not write the metrics %s: %s' % (paths.metrics, exc.strerror or exc))
 
@@ -739,14 +795,14 @@ def dry_run(policy, snapshot, paths, settings=None, now=None):
     state, problem = load_state(paths.state, now) if paths.state else (new_state(now), None)
     if problem:
         warnings.append(problem)
-    more, context = build_context(policy, snapshot, paths, settings)
+    more, context = build_context(policy, snapshot, paths, settings, exe_hashes=ExeHashes(state.get('exe_hashes')))
     warnings.extend(more)
     _state, violations, notes, decisions = decide(policy, snapshot, state, now, context)
     decided = dict((d.key, d) for d in decisions if d.violation is not None)
     mode = settings.mode or policy.mode
     out = []
     for violation in violations:
-        item = violation.to_dict()
+        item = violation_dict(violation, policy.notify.redact_patterns)
         decision = decided.get(violation.key)
         acts = violation.action in ('terminate', 'kill')
         if not acts:

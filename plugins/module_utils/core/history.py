@@ -22,6 +22,7 @@ import os
 import sqlite3
 import time
 
+from . import notify, safe_files
 from .errors import GpuFleetError
 
 DEFAULT_PATH = '/var/lib/gpufleet/history.db'
@@ -63,13 +64,26 @@ def _gpu_util(proc, dev):
 
 
 def _connect_rw(path):
-    directory = os.path.dirname(os.path.abspath(path))
+    """sqlite opens files by path: the file is first created (mode 0600: it holds every user's
+    command lines) or opened without following a link, every directory above it checked, and
+    checked on its descriptor; sqlite then opens it (``mode=rw``: never creates), and one of this
+    process's descriptors must then refer to the very file that was checked."""
+    from urllib.parse import quote  # pylint: disable=import-outside-toplevel
     try:
-        os.makedirs(directory, mode=0o750, exist_ok=True)
-        if not os.path.exists(path):
-            # The history holds command lines: readable by root only.
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0), 0o600))
-        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        fd = safe_files.open_checked(path, os.O_RDWR | os.O_CREAT, 0o600, dir_mode=0o750)
+        try:
+            checked = os.fstat(fd)
+        finally:
+            os.close(fd)
+        conn = sqlite3.connect('file:%s?mode=rw' % quote(os.path.abspath(path)), uri=True, timeout=BUSY_TIMEOUT_S,
+                               isolation_level=None)
+        try:
+            conn.execute('PRAGMA schema_version').fetchone()    # sqlite opens the file lazily
+            if not safe_files.is_open_here(checked):
+                raise safe_files.UnsafeFile(path, 'was replaced between its check and sqlite\'s open')
+        except BaseException:
+            conn.close()
+            raise
     except (OSError, sqlite3.Error) as exc:
         raise HistoryError('cannot open the usage history %s: %s' % (path, exc))
     return conn
@@ -95,15 +109,19 @@ def init_schema(conn):
 
 
 def record_samples(db, snapshot, now=None, interval_s=None, retention_days=DEFAULT_RETENTION_DAYS, max_gap_s=DEFAULT_MAX_GAP_S,
-                   host=None):
+                   host=None, patterns=None):
     """Append one sample of ``snapshot`` to the history ``db`` (a path or an sqlite3 connection).
 
     Returns ``{'ts', 'interval_s', 'rows', 'pruned'}``.  Raises HistoryError when the database
-    cannot be written.  ``host`` is recorded in meta (one database per node).
+    cannot be written.  ``host`` is recorded in meta (one database per node).  Command lines are
+    stored redacted by ``patterns`` (the policy's ``notify.redact_patterns``; None: the defaults).
     """
     now = time.time() if now is None else float(now)
     if isinstance(retention_days, bool) or not 0 < retention_days <= MAX_RETENTION_DAYS:
         raise HistoryError('history_retention_days must be from 1 to %d, got %r' % (MAX_RETENTION_DAYS, retention_days))
+    patterns = notify.default_patterns() if patterns is None else patterns
+    # redacted before the write lock is taken; '...' marks a cut command line (MAX_CMDLINE in all)
+    cmdlines = [notify.redact(proc.cmdline, patterns, MAX_CMDLINE - 3) for proc in snapshot.processes]
     own = not isinstance(db, sqlite3.Connection)
     conn = _connect_rw(db) if own else db
     try:
@@ -116,8 +134,7 @@ def record_samples(db, snapshot, now=None, interval_s=None, retention_days=DEFAU
             interval_s = float(interval_s)
             rows = []
             by_index = dict((dev.index, dev) for dev in snapshot.all_devices)
-            for proc in snapshot.processes:
-                cmdline = ' '.join(proc.cmdline or [])[:MAX_CMDLINE] if proc.cmdline is not None else None
+            for proc, cmdline in zip(snapshot.processes, cmdlines):
                 for index in proc.gpu_indexes:
                     dev = by_index.get(index)
                     rows.append((now, interval_s, index, dev.uuid if dev else None, proc.pid, proc.starttime, proc.user,

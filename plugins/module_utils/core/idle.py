@@ -24,9 +24,10 @@ import fcntl
 import json
 import os
 
-from .metrics import write_atomic
+from . import safe_files
 
 DEFAULT_PATH = '/var/lib/gpufleet/utilization.json'
+MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_SAMPLES = 720
 MAX_AGE = 7 * 86400
 
@@ -65,8 +66,7 @@ class UtilizationHistory(object):
 
     def load(self):
         try:
-            with open(self.path, encoding='utf-8') as handle:
-                data = json.load(handle)
+            data = json.loads(safe_files.read_file(self.path, MAX_FILE_BYTES).decode('utf-8'))
             procs = data.get('processes') if isinstance(data, dict) else None
             if not isinstance(procs, dict):
                 raise ValueError('no "processes" object')
@@ -111,11 +111,9 @@ class UtilizationHistory(object):
         that two concurrent writers (two gpu_kill runs) never drop each other's samples.
         Returns a list of warnings (unreadable history, failed save)."""
         warnings = []
-        directory = os.path.dirname(os.path.abspath(self.path))
         lock = None
         try:
-            os.makedirs(directory, mode=0o750, exist_ok=True)
-            lock = os.open(self.path + '.lock', os.O_RDWR | os.O_CREAT | getattr(os, 'O_CLOEXEC', 0), 0o600)
+            lock = safe_files.open_lock(self.path + '.lock', dir_mode=0o750)
             fcntl.flock(lock, fcntl.LOCK_EX)
         except OSError as exc:
             warnings.append('could not lock utilization history %s: %s' % (self.path, exc))
@@ -134,8 +132,8 @@ class UtilizationHistory(object):
     def save(self):
         """Write atomically (temp file and rename) with mode 0600; returns an error text or None."""
         try:
-            write_atomic(self.path, json.dumps({'version': 1, 'processes': self.samples}, separators=(',', ':')),
-                         mode=0o600, dir_mode=0o750)
+            safe_files.write_atomic(self.path, json.dumps({'version': 1, 'processes': self.samples}, separators=(',', ':')),
+                                    mode=0o600, dir_mode=0o750)
         except (OSError, ValueError) as exc:
             return 'could not save utilization history %s: %s' % (self.path, exc)
         return None

@@ -23,7 +23,8 @@ import os
 import signal
 import time
 
-from .processes import parse_stat, read_proc_files, user_name
+from .identity import name_trusted, parse_stat
+from .processes import read_proc_files, user_name
 
 DEFAULT_PROTECT_NAMES = (
     'Xorg', 'X', 'Xwayland', 'gnome-shell', 'kwin_x11', 'kwin_wayland', 'gdm', 'gdm3', 'sddm', 'lightdm',
@@ -38,11 +39,15 @@ CMDLINE_LIMIT = 65536
 
 
 class ProcInfo(object):
-    """What /proc says about one pid at one moment (None fields are unknown).  ``uid`` is the real uid."""
+    """What /proc says about one pid at one moment (None fields are unknown).  ``uid`` is the real uid.
 
-    __slots__ = ('pid', 'comm', 'state', 'ppid', 'session', 'flags', 'starttime', 'uid', 'exe', 'cmdline')
+    ``identity``: the identity.Identity it was read with (uids, executable); None for a ProcInfo
+    made by hand, whose names then protect nothing.
+    """
 
-    def __init__(self, pid, comm, state, ppid, session, flags, starttime, uid, exe, cmdline):
+    __slots__ = ('pid', 'comm', 'state', 'ppid', 'session', 'flags', 'starttime', 'uid', 'exe', 'cmdline', 'identity')
+
+    def __init__(self, pid, comm, state, ppid, session, flags, starttime, uid, exe, cmdline, identity=None):
         self.pid = pid
         self.comm = comm
         self.state = state
@@ -53,6 +58,7 @@ class ProcInfo(object):
         self.uid = uid
         self.exe = exe
         self.cmdline = cmdline
+        self.identity = identity
 
     @property
     def argv0(self):
@@ -81,13 +87,14 @@ class ProcInfo(object):
 
 
 def read_proc(pid, proc_root='/proc'):
-    """A ProcInfo for ``pid``, or None when no such process exists (or it is already reaped)."""
+    """A ProcInfo for ``pid``, or None when no such process exists (or it is already reaped, or its pid
+    named another process by the end of the read)."""
     files = read_proc_files(pid, proc_root, cmdline_limit=CMDLINE_LIMIT)
     if files is None:
         return None
     stat = files['stat']
     return ProcInfo(pid, stat['comm'], stat['state'], stat['ppid'], stat['session'], stat['flags'], stat['starttime'],
-                    files['uid'], files['exe'], files['cmdline'])
+                    files['uid'], files['exe'], files['cmdline'], files['identity'])
 
 
 def ancestors(pid, proc_root='/proc', limit=4096):
@@ -178,6 +185,11 @@ def _parent_map(proc_root):
 class Protection(object):
     """The rules that are never crossed, in check mode or not.
 
+    A protected name (``protect_names``: comm, argv[0] or the executable's basename) protects only a
+    process whose owner could not have chosen it (identity.Identity.name_trusted: real, effective
+    and saved uid of a system account, a root-owned executable outside directories users may
+    write).  An ordinary user's process named ``sshd`` is not protected.
+
     ``euid`` is the caller's effective uid (a test seam: another value makes a root caller behave
     like an unprivileged one).
     """
@@ -207,7 +219,7 @@ class Protection(object):
         if self.self_session > 0 and info.session == self.self_session:
             return 'in the session of the reclaiming process'
         hit = sorted(info.names & self.protect_names)
-        if hit:
+        if hit and name_trusted(info.identity):
             return 'protected name %s (protect_names)' % hit[0]
         user = self.user_of_uid(info.uid) if info.uid is not None else None
         if user is not None and user in self.protect_users:

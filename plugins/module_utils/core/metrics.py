@@ -8,13 +8,13 @@
 
 node_exporter's textfile collector reads ``*.prom`` files from its directory at every scrape, so
 the file is written to a temporary name in the same directory and renamed over the old one: a
-scrape never sees half a file.  The format is the Prometheus text exposition format 0.0.4.
+scrape never sees half a file (``safe_files.write_atomic``: no link followed, the temporary file
+changed only through its descriptor).  The format is the Prometheus text exposition format 0.0.4.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 DEFAULT_PATH = '/var/lib/node_exporter/textfile_collector/gpufleet.prom'
 
@@ -130,37 +130,3 @@ def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=N
         for name in ('dry-run', 'warn', 'enforce'):
             out.add('gpufleet_guard_mode', 'gauge', 'The enforcement mode (1 for the active one)', name == mode, {'mode': name})
     return out
-
-
-def _temp_file(directory, prefix):
-    """A new file ``DIRECTORY/PREFIX<random>`` opened for writing, mode 0600: (fd, path).  What
-    tempfile.mkstemp does, without importing tempfile (and random, shutil) into every guard tick."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_CLOEXEC', 0) | getattr(os, 'O_NOFOLLOW', 0)
-    for _attempt in range(100):
-        path = os.path.join(directory, prefix + os.urandom(6).hex())
-        try:
-            return os.open(path, flags, 0o600), path
-        except FileExistsError:
-            continue
-    raise FileExistsError('no unused temporary file name in %s' % directory)
-
-
-def write_atomic(path, text, mode=0o644, dir_mode=0o755):
-    """Write ``text`` to ``path`` through a temporary file in the same directory, fsync and a rename
-    (a reader sees the old file or the new one, never half of one)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=dir_mode, exist_ok=True)
-    fd, tmp = _temp_file(directory, '.%s.' % os.path.basename(path))
-    try:
-        with os.fdopen(fd, 'w', encoding='utf-8') as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -259,10 +259,12 @@ class ProcessRecord(_Record):
     """What this host's process table says about one pid (``status`` ``not_found`` when absent).
 
     ``device_paths``: GPU device files this pid holds open; None when its fds could not be read.
+    ``identity``: the kernel-vouched identity.Identity it was read with (``uid`` and ``starttime``
+    come from it); None when unknown.
     """
 
     _fields = ('pid', 'status', 'user', 'uid', 'name', 'cmdline', 'create_time', 'starttime',
-               'ppid', 'exe', 'container', 'slurm_job', 'device_paths')
+               'ppid', 'exe', 'container', 'slurm_job', 'device_paths', 'identity')
     _required = ('pid',)
     _defaults = {'status': NOT_FOUND}
 
@@ -280,7 +282,7 @@ class GpuProcess(_Record):
 
     _fields = ('pid', 'gpu_indexes', 'used_mib', 'used_mib_by_gpu', 'types', 'util_pct',
                'util_pct_by_gpu', 'user', 'uid', 'name', 'cmdline', 'create_time', 'starttime',
-               'status', 'container', 'slurm_job', 'ppid', 'exe', 'device_paths')
+               'status', 'container', 'slurm_job', 'ppid', 'exe', 'device_paths', 'identity')
     _required = ('pid',)
     _defaults = {'status': NOT_FOUND}
     _factories = {'gpu_indexes': list, 'used_mib_by_gpu': dict, 'types': list, 'util_pct_by_gpu': dict}
@@ -317,7 +319,7 @@ class GpuProcess(_Record):
     def join(self, record):
         """Copy the host process table's view of this pid (a ProcessRecord)."""
         for name in ('status', 'user', 'uid', 'name', 'cmdline', 'create_time', 'starttime', 'ppid', 'exe',
-                     'container', 'slurm_job', 'device_paths'):
+                     'container', 'slurm_job', 'device_paths', 'identity'):
             setattr(self, name, copy.copy(getattr(record, name)))
 
     def to_dict(self):
@@ -340,7 +342,7 @@ class Holder(_Record):
     """A process holding a GPU device file open that the driver does not list."""
 
     _fields = ('pid', 'devices', 'gpu_indexes', 'user', 'uid', 'name', 'cmdline', 'create_time',
-               'starttime', 'status', 'ppid', 'exe', 'container', 'slurm_job')
+               'starttime', 'status', 'ppid', 'exe', 'container', 'slurm_job', 'identity')
     _required = ('pid',)
     _factories = {'devices': list, 'gpu_indexes': list}
 
@@ -349,7 +351,7 @@ class Holder(_Record):
         return cls(pid=record.pid, devices=sorted(devices), user=record.user, uid=record.uid, name=record.name,
                    cmdline=copy.copy(record.cmdline), create_time=record.create_time, starttime=record.starttime,
                    status=record.status, ppid=record.ppid, exe=record.exe, container=copy.copy(record.container),
-                   slurm_job=record.slurm_job)
+                   slurm_job=record.slurm_job, identity=record.identity)
 
     def to_dict(self):
         return {

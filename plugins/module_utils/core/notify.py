@@ -24,6 +24,7 @@ import struct
 
 from .errors import InvalidArgument
 from .select import bounded_sub
+from .text import printable
 
 UTMP_PATHS = ('/run/utmp', '/var/run/utmp')
 USER_PROCESS = 7
@@ -39,6 +40,36 @@ REDACTED_SLOW = '<redacted: a redact_patterns entry took too long on this comman
 
 
 # ---------------------------------------------------------------------------- redaction
+# What the names of secret-bearing options, variables and keys end with.
+_SECRET_WORDS = r'password|passwd|passphrase|pass|pwd|token|secret|api[-_]?key|access[-_]?key|secret[-_]?key|private[-_]?key|auth|credentials?'
+DEFAULT_REDACT_PATTERNS = (
+    # --password X, --password=X, -token X, --db-password X, --aws-secret-access-key X (not --max-tokens, --author)
+    r'(?i)((?<![\w-])--?(?:[a-z0-9_-]*[-_])?(?:%s)[= ])\S+' % _SECRET_WORDS,
+    # PASSWORD=x, AWS_SECRET_ACCESS_KEY=x, HF_TOKEN=x, ?token=x&...
+    r'(?i)((?:%s)=)[^\s&]+' % _SECRET_WORDS,
+    # {"password": "x"} (JSON) and {'api_key': 'x'} (a Python dict)
+    r'(?i)("[\w-]*(?:%s)"\s*:\s*")(?:[^"\\]|\\.)*(")' % _SECRET_WORDS,
+    r"(?i)('[\w-]*(?:%s)'\s*:\s*')[^']*(')" % _SECRET_WORDS,
+    # Authorization: Bearer x / Basic x / x, X-Api-Key: x, PRIVATE-TOKEN: x, bearer x
+    r'(?i)(authorization:\s*(?:\w+\s+)?)\S+',
+    r'(?i)((?<![\w-])(?:x-)?(?:api[-_]?key|auth[-_]?token|access[-_]?token|private[-_]?token):\s*)\S+',
+    r'(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+',
+    # credentials in a URL: postgres://user:pw@host, redis://:pw@host (bounded: no quadratic scan of '://://...')
+    r'(://[^/\s:@]{0,256}:)[^@\s]{1,1024}(@)',
+    # mysql -pPASS, mysqldump -uroot -pPASS (the password glued to -p; -p alone prompts)
+    r'^((?:\S*/)?(?:mysql|mariadb)[\w-]*\s(?:.*?\s)?-p)\S+',
+    # tokens recognised by their prefix: AWS key ids, GitHub, GitLab, Slack, OpenAI/Anthropic-style sk-, Stripe, Hugging Face
+    r'\b((?:AKIA|ASIA))[0-9A-Z]{16}\b',
+    r'\b(gh[pousr]_|github_pat_|glpat-|xox[abeprs]-|sk-(?:proj-|ant-|svcacct-)?|[sr]k_live_)[A-Za-z0-9_-]{16,}',
+    r'\b(hf_)[A-Za-z0-9]{30,}',
+)
+
+
+def default_patterns():
+    """DEFAULT_REDACT_PATTERNS compiled (a new list: callers append their own patterns)."""
+    return [re.compile(p) for p in DEFAULT_REDACT_PATTERNS]
+
+
 def redact_text(text, patterns):
     """``text`` with every match of ``patterns`` replaced.  A pattern's groups are kept (so that
     ``--password=`` stays readable) and the rest of the match becomes ``<redacted>``.
@@ -74,6 +105,28 @@ def redact(argv, patterns, limit=MAX_CMDLINE):
     if len(text) > limit:
         text = text[:limit] + '...'
     return text
+
+
+def redact_argv(argv, patterns):
+    """A command line (list) redacted for a record that keeps the list form (None stays None).
+
+    The patterns run on the command line joined with spaces, as ``redact`` does; when nothing
+    matches, ``argv`` comes back as it was.  Otherwise each argument is redacted on its own, and
+    when a pattern still matches the joined result (a secret in the argument after its option,
+    ``--password X``, or ``mysql -u me -pX``), the command line becomes one redacted string: a
+    list of one.  Never the unredacted text; bounded like ``redact_text`` (32 KiB per text)."""
+    if argv is None:
+        return None
+    args = [str(a) for a in argv]
+    joined = ' '.join(args)
+    whole = redact_text(joined, patterns)
+    if whole == joined:
+        return args
+    each = [redact_text(a, patterns) for a in args]
+    rejoined = ' '.join(each)
+    if redact_text(rejoined, patterns) == rejoined:
+        return each
+    return [whole]
 
 
 # ---------------------------------------------------------------------------- terminals
@@ -238,11 +291,13 @@ def describe_procs(procs, patterns):
 
 
 def user_text(host, user, items, mode, prefix=''):
-    """The terminal message for ``user``: one line per decision."""
+    """The terminal message for ``user``: one line per decision.  Every line is escaped
+    (text.printable): messages name processes and users, whose text their owners chose, and the
+    message goes to terminals; the policy's ``message`` keeps its own line breaks."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime('%H:%M:%S UTC')
     lines = ['*** gpufleet-guard on %s, %s: a message for %s ***' % (host, stamp, user)]
     if prefix:
-        lines.append(prefix)
+        lines.extend(prefix.split('\n'))
     for item in items:
         pids = ', '.join(str(p) for p in item['pids']) or '-'
         if item['decision'] == 'act':
@@ -254,7 +309,7 @@ def user_text(host, user, items, mode, prefix=''):
             if item.get('acts') and when is not None:
                 tail = ' Process(es) %s will be terminated in about %s unless this is fixed.' % (pids, _human(when))
             lines.append('- Warning %s: %s.%s' % (item.get('step') or 1, item['message'], tail))
-    return '\n'.join(lines)[:MAX_MESSAGE]
+    return '\n'.join(printable(line) for line in lines)[:MAX_MESSAGE]
 
 
 def _human(seconds):

@@ -38,8 +38,10 @@ import os
 import re
 import shlex
 
-from . import notify as notify_mod
+from . import notify as notify_mod, safe_files
 from .errors import InvalidArgument
+from .exe_hash import ExeHashes
+from .identity import UNKNOWN_OWNER, name_trusted
 from .idle import process_utilization
 from .killer import DEFAULT_PROTECT_NAMES
 from .processes import scheduler_daemon
@@ -67,6 +69,11 @@ ACTIONS = ('warn', 'terminate', 'kill')
 ROGUE_LEVELS = ('info', 'medium', 'high', 'critical')
 DEFAULT_PATH = '/etc/gpufleet/policy.yaml'
 MAX_POLICY_BYTES = 4 * 1024 * 1024
+# Limits on the shape of any document the agent reads (policy, settings, rogue rules; YAML, JSON
+# or TOML): mappings and lists nested at most MAX_NESTING deep, and YAML aliases adding at most
+# MAX_ALIAS_NODES nodes in all by repeating what their anchors name.  Past them: a clean error.
+MAX_NESTING = 32
+MAX_ALIAS_NODES = 100000
 MAX_ERRORS = 50
 GIB = 1024.0
 
@@ -98,33 +105,75 @@ _OFFSET = re.compile(r'^(?:UTC|GMT)?\s*([+-])(\d{1,2})(?::?(\d{2}))?$', re.IGNOR
 _SHA256 = re.compile(r'^[0-9a-fA-F]{64}$')
 _NAME = re.compile(r'^[A-Za-z0-9_.@*][A-Za-z0-9_.@$-]{0,127}$')
 
-DEFAULT_REDACT_PATTERNS = (
-    r'(?i)(--?(?:password|passwd|pass|pwd|token|secret|api[-_]?key|access[-_]?key|auth|credentials?)[= ])\S+',
-    r'(?i)((?:password|passwd|token|secret|api[-_]?key|access[-_]?key|auth)=)[^\s&]+',
-    r'(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+',
-    r'(://[^/\s:@]+:)[^@\s/]+(@)',
-    r'\b(AKIA)[0-9A-Z]{16}\b',
-    r'\b(gh[pousr]_)[A-Za-z0-9]{20,}\b',
-    r'\b(xox[abprs]-)[A-Za-z0-9-]{10,}\b',
-)
+# The default redaction (docs/policy.md, "Redaction") lives with the redaction itself.
+DEFAULT_REDACT_PATTERNS = notify_mod.DEFAULT_REDACT_PATTERNS
 
 
 class PolicyError(InvalidArgument):
-    """The policy is invalid.  ``errors`` is a list of ``(path, value, why)``; ``source`` the file."""
+    """The policy (or another document the agent reads) is invalid.  ``errors`` is a list of
+    ``(path, value, why)``; ``lines`` the line of each in ``source`` (None where unknown: JSON and
+    TOML documents, or a cached document); ``source`` the file.  An error with no path and the value
+    None concerns the whole document (cannot read it, a syntax error): it is printed as
+    ``source: why``."""
 
-    def __init__(self, errors, source='<policy>'):
-        self.errors = list(errors)
+    def __init__(self, errors, source='<policy>', lines=None, what='policy'):
+        self.errors = [tuple(item[:3]) for item in errors]
+        self.lines = [item[3] if len(item) > 3 else None for item in errors]
         self.source = source
-        lines = ['%s: %s: invalid value %s: %s' % (source, path or '(top)', _show(value), why)
-                 for path, value, why in self.errors[:MAX_ERRORS]]
+        first = self.errors[0] if self.errors else ('', None, 'invalid %s' % what)
+        super(PolicyError, self).__init__(first[0] or what, first[1], first[2])
+        self.add_lines(lines)
+
+    def add_lines(self, lines):
+        """Fill in unknown lines from ``lines`` ({path: line}, as read_document_lines returns it)."""
+        for index, (path, _value, _why) in enumerate(self.errors):
+            if self.lines[index] is None and lines:
+                self.lines[index] = line_of(lines, path)
+        if lines:  # in the order of the file (errors without a line first: they concern the whole document)
+            order = sorted(range(len(self.errors)), key=lambda i: self.lines[i] or 0)
+            self.errors = [self.errors[i] for i in order]
+            self.lines = [self.lines[i] for i in order]
+        self._render()
+
+    def problems(self):
+        """Each error as a dict: file, line (when known), path, value, why."""
+        out = []
+        for (path, value, why), line in zip(self.errors, self.lines):
+            item = {'file': self.source, 'path': path, 'value': None if _whole(path, value) else repr(value), 'why': why}
+            if line is not None:
+                item['line'] = line
+            out.append(item)
+        return out
+
+    def _render(self):
+        lines = []
+        for (path, value, why), line in list(zip(self.errors, self.lines))[:MAX_ERRORS]:
+            where = self.source if line is None else '%s:%d' % (self.source, line)
+            if _whole(path, value):
+                lines.append('%s: %s' % (self.source, why))  # a line it names is in ``why``, with the column
+            else:
+                lines.append('%s: %s: invalid value %s: %s' % (where, path or '(top)', _show(value), why))
         if len(self.errors) > MAX_ERRORS:
             lines.append('... and %d more error(s)' % (len(self.errors) - MAX_ERRORS))
-        first = self.errors[0] if self.errors else ('', None, 'invalid policy')
-        super(PolicyError, self).__init__(first[0] or 'policy', first[1], first[2])
         self.args = ('\n'.join(lines),)
 
     def __str__(self):
         return self.args[0]
+
+
+def _whole(path, value):
+    """True for an error about the whole document (no path, no value)."""
+    return not path and value is None
+
+
+def line_of(lines, path):
+    """The line of ``path`` in a {path: line} map, or of the nearest enclosing path; None if unknown."""
+    while path:
+        if path in lines:
+            return lines[path]
+        cut = max(path.rfind('.'), path.rfind('['))
+        path = path[:cut] if cut > 0 else ''
+    return None
 
 
 def _show(value):
@@ -132,17 +181,50 @@ def _show(value):
     return text if len(text) <= 80 else text[:77] + '...'
 
 
-class _Bad(Exception):
-    """One validation failure inside a parser (collected, not raised to callers)."""
+class DocumentLimitError(ValueError):
+    """A document nests deeper than MAX_NESTING or its YAML aliases expand past MAX_ALIAS_NODES."""
 
-    def __init__(self, path, value, why):
+    def __init__(self, why, line=None):
+        super(DocumentLimitError, self).__init__(why if line is None else 'line %d: %s' % (line, why))
+        self.why = why
+        self.line = line
+
+
+def _too_deep():
+    return 'mappings and lists nested more than %d levels deep (the limit)' % MAX_NESTING
+
+
+def check_nesting(data):
+    """Raise DocumentLimitError when mappings and lists in ``data`` nest deeper than MAX_NESTING
+    (``{a: 1}`` is one level, ``{a: {b: [1]}}`` three).  Iterative: any depth is refused, none recurses."""
+    pending = [(data, 1)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if level > MAX_NESTING:
+            raise DocumentLimitError(_too_deep())
+        pending.extend((child, level + 1) for child in children)
+
+
+class _Bad(Exception):
+    """Validation failures inside a parser (collected, not raised to callers): one, or ``items``."""
+
+    def __init__(self, path, value, why, items=None):
         super(_Bad, self).__init__(why)
         self.path = path
         self.value = value
         self.why = why
+        self.items = list(items) if items else [(path, value, why)]
 
 
 class _Errors(object):
+    """Collects every failure of a document: each field is checked, none stops the others."""
+
     def __init__(self):
         self.items = []
 
@@ -150,14 +232,20 @@ class _Errors(object):
         self.items.append((path, value, why))
 
     def run(self, func, *args):
-        """Call func(*args); a _Bad becomes a collected error and the result is None."""
+        """Call func(*args); a _Bad becomes collected error(s) and the result is None."""
         try:
             return func(*args)
         except _Bad as exc:
-            self.add(exc.path, exc.value, exc.why)
+            self.items.extend(exc.items)
         except InvalidArgument as exc:
             self.add(args[-1] if args and isinstance(args[-1], str) else '', exc.value, exc.why)
         return None
+
+    def check(self):
+        """Raise the collected errors (a _Bad holding all of them), if any."""
+        if self.items:
+            first = self.items[0]
+            raise _Bad(first[0], first[1], first[2], self.items)
 
 
 def _join(path, key):
@@ -517,30 +605,34 @@ WINDOW_KEYS = ('days', 'start', 'end', 'tz', 'timezone', 'name', 'message', 'des
 
 def _window(value, path, keys=WINDOW_KEYS):
     _dict(value, path)
-    _only(value, path, keys)
+    errors = _Errors()
+    errors.run(_only, value, path, keys)
     if 'start' not in value or 'end' not in value:
-        raise _Bad(path, value, 'a window needs start and end ("HH:MM")')
+        errors.add(path, value, 'a window needs start and end ("HH:MM")')
     if 'tz' in value and 'timezone' in value:
-        raise _Bad(path, value, 'give tz or timezone, not both')
-    tz = _tz(value.get('tz', value.get('timezone')), _join(path, 'tz'))
-    start = _minutes(value['start'], _join(path, 'start'))
-    end = _minutes(value['end'], _join(path, 'end'))
-    if start == 24 * 60:
-        start = 0
-    days = _days(value.get('days'), _join(path, 'days'))
+        errors.add(path, value, 'give tz or timezone, not both')
+    tz = errors.run(_tz, value.get('tz', value.get('timezone')), _join(path, 'tz'))
+    start = errors.run(_minutes, value['start'], _join(path, 'start')) if 'start' in value else None
+    end = errors.run(_minutes, value['end'], _join(path, 'end')) if 'end' in value else None
+    days = errors.run(_days, value.get('days'), _join(path, 'days'))
     label = value.get('name') or value.get('message') or ''
     if not isinstance(label, str):
-        raise _Bad(_join(path, 'name'), label, 'expected text')
+        errors.add(_join(path, 'name'), label, 'expected text')
+    errors.check()
+    if start == 24 * 60:
+        start = 0
     return Window(days, start, end, tz, label)
 
 
 def _only(value, path, keys, hint=None):
+    errors = _Errors()
     for key in value:
         if key not in keys:
             why = 'unknown key; expected one of %s' % ', '.join(sorted(keys))
             if hint and key in hint:
                 why = hint[key]
-            raise _Bad(_join(path, key), value[key], why)
+            errors.add(_join(path, key), value[key], why)
+    errors.check()
 
 
 # ============================================================================ limits
@@ -599,30 +691,35 @@ def _idle(value, path):
     if value is False or value is None:
         return False
     _dict(value, path)
+    errors = _Errors()
     out = {}
     for key, item in value.items():
+        sub = _join(path, key)
         if key not in IDLE_KEYS:
-            raise _Bad(_join(path, key), item, 'unknown key; expected util_max_pct, mem_min_gib and for (as in 30m)')
+            errors.add(sub, item, 'unknown key; expected util_max_pct, mem_min_gib and for (as in 30m)')
+            continue
         name, kind = IDLE_KEYS[key]
         if name in out:
-            raise _Bad(_join(path, key), item, 'given twice (under another name)')
-        sub = _join(path, key)
+            errors.add(sub, item, 'given twice (under another name)')
+            continue
         if kind == 'pct':
-            out[name] = _pct(item, sub)
+            out[name] = errors.run(_pct, item, sub)
         elif kind == 'size':
-            out[name] = _size(item, sub)
+            out[name] = errors.run(_size, item, sub)
         elif kind == 'minutes':
-            out[name] = _duration(item, sub, 60.0)
+            out[name] = errors.run(_duration, item, sub, 60.0)
         else:
-            out[name] = _duration(item, sub)
+            out[name] = errors.run(_duration, item, sub)
     if 'for_s' not in out:
-        raise _Bad(path, value, 'an idle rule needs "for" (how long, as in 30m)')
+        errors.add(path, value, 'an idle rule needs "for" (how long, as in 30m)')
+    errors.check()
     return IdleRule(out.get('util_max_pct', 1.0), out.get('mem_min_mib', 1024.0), out['for_s'])
 
 
 def _limits(value, path, extra=()):
-    """Parse a block of limits -> dict of canonical keys (only those given)."""
+    """Parse a block of limits -> dict of canonical keys (only those given).  Every key is checked."""
     _dict(value, path)
+    errors = _Errors()
     out = {}
     for key, item in value.items():
         if key in extra:
@@ -630,27 +727,30 @@ def _limits(value, path, extra=()):
         sub = _join(path, key)
         if key not in LIMIT_ALIASES:
             why = LIMIT_HINTS.get(key, 'unknown key; expected one of %s' % ', '.join(sorted(set(LIMIT_ALIASES) | set(extra))))
-            raise _Bad(sub, item, why)
+            errors.add(sub, item, why)
+            continue
         name, kind, unit = LIMIT_ALIASES[key]
         if name in out:
-            raise _Bad(sub, item, 'this limit is given twice (under another name)')
+            errors.add(sub, item, 'this limit is given twice (under another name)')
+            continue
         if item is None and kind not in ('idle',):
             out[name] = None  # explicitly "no limit" (overrides an inherited one)
             continue
         if kind == 'size':
-            out[name] = _size(item, sub, unit)
+            out[name] = errors.run(_size, item, sub, unit)
         elif kind == 'count':
-            out[name] = _count(item, sub)
+            out[name] = errors.run(_count, item, sub)
         elif kind == 'duration':
-            out[name] = _duration(item, sub, unit)
+            out[name] = errors.run(_duration, item, sub, unit)
         elif kind == 'idle':
-            out[name] = _idle(item, sub)
+            out[name] = errors.run(_idle, item, sub)
         elif kind == 'bool':
-            out[name] = _bool(item, sub)
+            out[name] = errors.run(_bool, item, sub)
         elif kind == 'gpus':
-            out[name] = _gpu_set(item, sub)
+            out[name] = errors.run(_gpu_set, item, sub)
         elif kind == 'action':
-            out[name] = _action(item, sub)
+            out[name] = errors.run(_action, item, sub)
+    errors.check()
     return out
 
 
@@ -711,30 +811,34 @@ class Principals(object):
 
 
 def _principals(value, path, lists=None):
+    errors = _Errors()
     if isinstance(value, dict):
-        _only(value, path, ('users', 'groups', 'lists'))
-        users = [_name(u, _join(path, 'users')) for u in _list(value.get('users'), _join(path, 'users'))]
-        groups = [_name(g, _join(path, 'groups')) for g in _list(value.get('groups'), _join(path, 'groups'))]
-        named = [_name(n, _join(path, 'lists')) for n in _list(value.get('lists'), _join(path, 'lists'))]
-        return Principals(users, groups, named)
+        errors.run(_only, value, path, ('users', 'groups', 'lists'))
+        found = []
+        for key, what in (('users', 'a user or group name'), ('groups', 'a user or group name'), ('lists', 'a user or group name')):
+            sub = _join(path, key)
+            found.append([errors.run(_name, item, sub, what) for item in errors.run(_list, value.get(key), sub) or []])
+        errors.check()
+        return Principals(*found)
     items = [value] if isinstance(value, str) else _list(value, path)
     users, groups, named = [], [], []
     for item in items:
         if not isinstance(item, str):
-            item = _name(item, path)
+            errors.run(_name, item, path)
+            continue
         text = item.strip()
         if text.startswith('group:') or text.startswith('%'):
-            groups.append(_name(text.split(':', 1)[1] if text.startswith('group:') else text[1:], path, 'a group name'))
+            groups.append(errors.run(_name, text.split(':', 1)[1] if text.startswith('group:') else text[1:], path, 'a group name'))
         elif text.startswith('@'):
-            named.append(_name(text[1:], path, 'a list name'))
+            name = errors.run(_name, text[1:], path, 'a list name')
+            if name is not None and lists is not None and name not in lists:
+                errors.add(path, '@' + name, 'no such list in lists')
+            named.append(name)
         elif text.startswith('user:'):
-            users.append(_name(text[5:], path))
+            users.append(errors.run(_name, text[5:], path))
         else:
-            users.append(_name(text, path))
-    if lists is not None:
-        for name in named:
-            if name not in lists:
-                raise _Bad(path, '@' + name, 'no such list in lists')
+            users.append(errors.run(_name, text, path))
+    errors.check()
     return Principals(users, groups, named)
 
 
@@ -757,24 +861,28 @@ GROUP_EXTRA = ('members', 'unix_group', 'group_max_mem_gib_total', 'group_max_me
 
 def _group(name, value, path, lists):
     _dict(value, path)
+    errors = _Errors()
     members = None
     unix_group = None
     if 'members' in value and 'unix_group' in value:
-        raise _Bad(path, value, 'give members (a named list) or unix_group, not both')
+        errors.add(path, value, 'give members (a named list) or unix_group, not both')
     if 'members' in value:
         members = set()
-        for item in _list(value['members'], _join(path, 'members')):
-            text = _name(item, _join(path, 'members'))
+        for item in errors.run(_list, value['members'], _join(path, 'members')) or []:
+            text = errors.run(_name, item, _join(path, 'members'))
+            if text is None:
+                continue
             if text.startswith('@'):
                 if text[1:] not in lists:
-                    raise _Bad(_join(path, 'members'), text, 'no such list in lists')
+                    errors.add(_join(path, 'members'), text, 'no such list in lists')
+                    continue
                 members.update(lists[text[1:]])
             else:
                 members.add(text)
         members = frozenset(members)
     else:
-        unix_group = _name(value.get('unix_group', name), _join(path, 'unix_group'), 'a Unix group name')
-    limits = _limits(value, path, extra=GROUP_EXTRA)
+        unix_group = errors.run(_name, value.get('unix_group', name), _join(path, 'unix_group'), 'a Unix group name')
+    limits = errors.run(_limits, value, path, GROUP_EXTRA) or {}
     aggregate = {}
     for key, canonical, kind in (('group_max_mem_gib_total', 'group_max_mem_mib_total', 'size'),
                                  ('group_max_mem_total', 'group_max_mem_mib_total', 'size'),
@@ -782,12 +890,14 @@ def _group(name, value, path, lists):
                                  ('group_max_procs', 'group_max_procs', 'count')):
         if key in value:
             if canonical in aggregate:
-                raise _Bad(_join(path, key), value[key], 'given twice (under another name)')
+                errors.add(_join(path, key), value[key], 'given twice (under another name)')
+                continue
             sub = _join(path, key)
-            aggregate[canonical] = _size(value[key], sub) if kind == 'size' else _count(value[key], sub)
+            aggregate[canonical] = errors.run(_size, value[key], sub) if kind == 'size' else errors.run(_count, value[key], sub)
     if 'description' in value and not isinstance(value['description'], str):
-        raise _Bad(_join(path, 'description'), value['description'], 'expected text')
-    expires = _expires(value['expires'], _join(path, 'expires')) if value.get('expires') is not None else None
+        errors.add(_join(path, 'description'), value['description'], 'expected text')
+    expires = errors.run(_expires, value['expires'], _join(path, 'expires')) if value.get('expires') is not None else None
+    errors.check()
     return Group(name, members, unix_group, limits, aggregate, expires, limits.get('action'))
 
 
@@ -809,33 +919,37 @@ GPU_KEYS = ('reserved_for', 'allowed_users', 'blocked_users', 'maintenance', 'ma
 
 
 def _gpu_rule(key, value, path, lists):
-    gpus = _gpu_set(key, path)
+    errors = _Errors()
+    gpus = errors.run(_gpu_set, key, path)
     _dict(value, path)
-    _only(value, path, GPU_KEYS, hint={'max_memory_gb': 'a gpu-kill key: write max_mem_gib_total here'})
+    errors.run(_only, value, path, GPU_KEYS, {'max_memory_gb': 'a gpu-kill key: write max_mem_gib_total here'})
     if 'reserved_for' in value and 'allowed_users' in value:
-        raise _Bad(path, value, 'give reserved_for or allowed_users (the same thing), not both')
+        errors.add(path, value, 'give reserved_for or allowed_users (the same thing), not both')
     reserved = None
     for name in ('reserved_for', 'allowed_users'):
         if value.get(name):
-            reserved = _principals(value[name], _join(path, name), lists)
-    blocked = _principals(value['blocked_users'], _join(path, 'blocked_users'), lists) if value.get('blocked_users') else None
+            reserved = errors.run(_principals, value[name], _join(path, name), lists)
+    blocked = errors.run(_principals, value['blocked_users'], _join(path, 'blocked_users'), lists) if value.get('blocked_users') else None
     windows = []
     for name in ('maintenance', 'maintenance_window'):
         if value.get(name) is None:
             continue
         items = value[name] if isinstance(value[name], list) else [value[name]]
         for index, item in enumerate(items):
-            windows.append(_window(item, '%s[%d]' % (_join(path, name), index) if isinstance(value[name], list) else _join(path, name)))
+            windows.append(errors.run(_window, item, '%s[%d]' % (_join(path, name), index) if isinstance(value[name], list)
+                                      else _join(path, name)))
     limit = None
     for name in ('max_mem_gib_total', 'max_mem_total'):
         if name in value:
             if limit is not None:
-                raise _Bad(_join(path, name), value[name], 'given twice (under another name)')
-            limit = _size(value[name], _join(path, name))
-    action = _action(value['action'], _join(path, 'action')) if 'action' in value else None
+                errors.add(_join(path, name), value[name], 'given twice (under another name)')
+                continue
+            limit = errors.run(_size, value[name], _join(path, name))
+    action = errors.run(_action, value['action'], _join(path, 'action')) if 'action' in value else None
     message = value.get('message') or ''
     if not isinstance(message, str):
-        raise _Bad(_join(path, 'message'), message, 'expected text')
+        errors.add(_join(path, 'message'), message, 'expected text')
+    errors.check()
     return GpuRule(key, gpus, reserved, blocked, windows, limit, action, message)
 
 
@@ -855,32 +969,35 @@ MULTIPLIER_KEYS = ('mem', 'runtime', 'procs', 'gpus')
 
 def _time_window(value, path, lists):
     _dict(value, path)
-    _only(value, path, TIME_WINDOW_KEYS)
-    window = _window(dict((k, v) for k, v in value.items() if k in WINDOW_KEYS), path)
+    errors = _Errors()
+    errors.run(_only, value, path, TIME_WINDOW_KEYS)
+    window = errors.run(_window, dict((k, v) for k, v in value.items() if k in WINDOW_KEYS), path)
     applies = None
     if 'applies_to' in value and 'users' in value:
-        raise _Bad(path, value, 'give applies_to or users, not both')
+        errors.add(path, value, 'give applies_to or users, not both')
     for name in ('applies_to', 'users'):
         if value.get(name) is not None:
-            applies = _principals(value[name], _join(path, name), lists)
+            applies = errors.run(_principals, value[name], _join(path, name), lists)
     given = [k for k in ('limits', 'override', 'overrides') if k in value]
     if len(given) > 1:
-        raise _Bad(path, value, 'give limits once (override and overrides are other names for it)')
-    limits = _limits(value[given[0]], _join(path, given[0])) if given else {}
+        errors.add(path, value, 'give limits once (override and overrides are other names for it)')
+    limits = errors.run(_limits, value[given[0]], _join(path, given[0])) if given else {}
     multipliers = {}
     if value.get('multipliers') is not None:
         sub = _join(path, 'multipliers')
-        _dict(value['multipliers'], sub)
-        _only(value['multipliers'], sub, MULTIPLIER_KEYS)
-        for key, item in value['multipliers'].items():
-            if not _is_number(item) or math.isnan(item) or item < 0 or item == float('inf'):
-                raise _Bad(_join(sub, key), item, 'expected a number, 0 or more')
-            multipliers[key] = float(item)
-    if not limits and not multipliers:
-        raise _Bad(path, value, 'a time window changes limits: give limits (or multipliers)')
-    name = value.get('name') or window.describe()
+        if errors.run(_dict, value['multipliers'], sub) is not None:
+            errors.run(_only, value['multipliers'], sub, MULTIPLIER_KEYS)
+            for key, item in value['multipliers'].items():
+                if not _is_number(item) or math.isnan(item) or item < 0 or item == float('inf'):
+                    errors.add(_join(sub, key), item, 'expected a number, 0 or more')
+                elif key in MULTIPLIER_KEYS:
+                    multipliers[key] = float(item)
+    if limits == {} and not multipliers and not value.get('multipliers'):
+        errors.add(path, value, 'a time window changes limits: give limits (or multipliers)')
+    name = value.get('name') or (window.describe() if window is not None else '')
     if not isinstance(name, str):
-        raise _Bad(_join(path, 'name'), name, 'expected text')
+        errors.add(_join(path, 'name'), name, 'expected text')
+    errors.check()
     return TimeWindow(name, window, applies, limits, multipliers)
 
 
@@ -930,60 +1047,68 @@ EXEMPTION_MATCH_KEYS = ('user', 'cmdline', 'exe', 'exe_sha256', 'container', 'po
 
 def _exemption(value, path):
     _dict(value, path)
+    errors = _Errors()
     allowed = ('match', 'rules', 'expires', 'reason', 'comment') + EXEMPTION_MATCH_KEYS
-    _only(value, path, allowed)
+    errors.run(_only, value, path, allowed)
+    mpath = path
+    raw = dict((k, v) for k, v in value.items() if k in EXEMPTION_MATCH_KEYS)
     if 'match' in value:
-        if any(k in value for k in EXEMPTION_MATCH_KEYS):
-            raise _Bad(path, value, 'put the identity either under match or beside it, not both')
-        raw = _dict(value['match'], _join(path, 'match'))
         mpath = _join(path, 'match')
-    else:
-        raw = dict((k, v) for k, v in value.items() if k in EXEMPTION_MATCH_KEYS)
-        mpath = path
-    _only(raw, mpath, EXEMPTION_MATCH_KEYS)
+        if raw:
+            errors.add(path, value, 'put the identity either under match or beside it, not both')
+        raw = errors.run(_dict, value['match'], mpath) or {}
+        errors.run(_only, raw, mpath, EXEMPTION_MATCH_KEYS)
     match = {}
     for key, item in raw.items():
         sub = _join(mpath, key)
         if key == 'cmdline':
-            match[key] = _regex(item, sub)
+            match[key] = errors.run(_regex, item, sub)
         elif key == 'exe_sha256':
-            match[key] = _text(item, sub, _SHA256, 'a SHA-256 hex digest (64 hex digits)').lower()
+            match[key] = (errors.run(_text, item, sub, _SHA256, 'a SHA-256 hex digest (64 hex digits)') or '').lower()
         elif key == 'user':
-            match[key] = _name(item, sub)
+            match[key] = errors.run(_name, item, sub)
         elif key == 'exe':
-            if not isinstance(item, str) or not item.startswith('/'):
-                raise _Bad(sub, item, 'expected an absolute path')
-            match[key] = item
-        else:
+            match[key] = errors.run(_abs_path, item, sub)
+        elif key in EXEMPTION_MATCH_KEYS:
             if _is_number(item) and not isinstance(item, float):
                 item = str(item)
-            match[key] = _text(item, sub, what='an identifier')
+            match[key] = errors.run(_text, item, sub, None, 'an identifier')
     identity = ('exe_sha256' in match or 'container' in match or 'pod' in match or 'slurm_job' in match
                 or ('user' in match and 'cmdline' in match))
     if not identity:
-        raise _Bad(mpath, raw, 'an exemption needs an identity: exe_sha256, container, pod, slurm_job, or user together '
+        errors.add(mpath, raw, 'an exemption needs an identity: exe_sha256, container, pod, slurm_job, or user together '
                                'with cmdline (a name or a user alone is not an identity)')
+    expires = None
     if value.get('expires') is None:
-        raise _Bad(_join(path, 'expires'), value.get('expires'), 'every exemption needs an expiry date (expires: YYYY-MM-DD)')
-    expires = _expires(value['expires'], _join(path, 'expires'))
+        errors.add(_join(path, 'expires'), value.get('expires'), 'every exemption needs an expiry date (expires: YYYY-MM-DD)')
+    else:
+        expires = errors.run(_expires, value['expires'], _join(path, 'expires'))
     rules = set()
     names = value.get('rules', ['quota'])
-    for name in ([names] if isinstance(names, str) else _list(names, _join(path, 'rules'))):
+    for name in ([names] if isinstance(names, str) else errors.run(_list, names, _join(path, 'rules')) or []):
         if name in RULE_GROUPS:
             rules.update(RULE_GROUPS[name])
         elif name in RULES:
             rules.add(name)
         else:
-            raise _Bad(_join(path, 'rules'), name, 'unknown rule; expected rule ids (%s) or %s' % (
+            errors.add(_join(path, 'rules'), name, 'unknown rule; expected rule ids (%s) or %s' % (
                 ', '.join(RULES), ', '.join(sorted(RULE_GROUPS))))
     reason = value.get('reason') or value.get('comment') or ''
     if not isinstance(reason, str):
-        raise _Bad(_join(path, 'reason'), reason, 'expected text')
+        errors.add(_join(path, 'reason'), reason, 'expected text')
+    errors.check()
     return Exemption(match, rules, expires, reason)
 
 
 class Protect(object):
-    """Processes quota rules never touch (the rogue rule still applies to them)."""
+    """Processes quota rules never touch (the rogue rule still applies to them).
+
+    ``users``, ``groups``, ``lists`` and ``uid_below`` go by the real uid the kernel reports.  A
+    ``name`` (comm, argv[0], the executable's basename, plus killer.DEFAULT_PROTECT_NAMES) or an
+    ``exe`` path protects only a process whose owner could not have chosen it
+    (identity.Identity.name_trusted: a system account runs it, from a root-owned executable outside
+    directories users may write): an ordinary user's hog named ``sshd`` is charged like any other.
+    """
 
     def __init__(self, users=(), groups=(), lists=(), uid_below=None, names=(), exe=()):
         self.users = frozenset(users)
@@ -1005,10 +1130,11 @@ class Protect(object):
             names.add(os.path.basename(proc.cmdline[0]))
         if proc.exe:
             names.add(os.path.basename(proc.exe.replace(' (deleted)', '')))
+        trusted = name_trusted(getattr(proc, 'identity', None))
         hit = sorted(names & self.names)
-        if hit:
+        if hit and trusted:
             return 'protected name %s' % hit[0]
-        if proc.exe and proc.exe.replace(' (deleted)', '') in self.exe:
+        if trusted and proc.exe and proc.exe.replace(' (deleted)', '') in self.exe:
             return 'protected executable %s' % proc.exe
         for name in self.lists:
             if proc.user in policy.lists.get(name, ()):
@@ -1025,62 +1151,71 @@ PROTECT_KEYS = ('users', 'groups', 'lists', 'uid_below', 'names', 'exe')
 def _protect(value, path, lists):
     if value is None:
         return Protect()
+    errors = _Errors()
     entries = []
     if isinstance(value, dict):
-        _only(value, path, PROTECT_KEYS)
-        entries = [(k, v, _join(path, k)) for k, v in value.items()]
+        errors.run(_only, value, path, PROTECT_KEYS)
+        entries = [(k, v, _join(path, k)) for k, v in value.items() if k in PROTECT_KEYS]
     else:
         for index, item in enumerate(_list(value, path)):
             sub = '%s[%d]' % (path, index)
-            _dict(item, sub)
+            if errors.run(_dict, item, sub) is None:
+                continue
             if len(item) != 1:
-                raise _Bad(sub, item, 'each protect entry has one key: user, group, list, name, exe or uid_below')
+                errors.add(sub, item, 'each protect entry has one key: user, group, list, name, exe or uid_below')
+                continue
             key, val = list(item.items())[0]
             plural = {'user': 'users', 'group': 'groups', 'list': 'lists', 'name': 'names', 'exe': 'exe',
                       'uid_below': 'uid_below'}
             if key not in plural:
-                raise _Bad(_join(sub, key), val, 'expected one of user, group, list, name, exe or uid_below')
+                errors.add(_join(sub, key), val, 'expected one of user, group, list, name, exe or uid_below')
+                continue
             entries.append((plural[key], val if key == 'uid_below' or isinstance(val, list) else [val], _join(sub, key)))
     users, groups, named, names, exe, uid_below = [], [], [], [], [], None
     for key, val, sub in entries:
         if key == 'uid_below':
-            uid_below = _count(val, sub)
+            uid_below = errors.run(_count, val, sub)
             continue
-        for item in _list(val, sub):
+        for item in errors.run(_list, val, sub) or []:
             if key == 'users':
-                users.append(_name(item, sub))
+                users.append(errors.run(_name, item, sub))
             elif key == 'groups':
-                groups.append(_name(item, sub, 'a group name'))
+                groups.append(errors.run(_name, item, sub, 'a group name'))
             elif key == 'lists':
-                text = _name(item, sub, 'a list name').lstrip('@')
-                if text not in lists:
-                    raise _Bad(sub, item, 'no such list in lists')
+                text = (errors.run(_name, item, sub, 'a list name') or '').lstrip('@')
+                if text and text not in lists:
+                    errors.add(sub, item, 'no such list in lists')
                 named.append(text)
             elif key == 'names':
-                names.append(_text(item, sub, what='a process name'))
+                names.append(errors.run(_text, item, sub, None, 'a process name'))
             elif key == 'exe':
-                if not isinstance(item, str) or not item.startswith('/'):
-                    raise _Bad(sub, item, 'expected an absolute path')
-                exe.append(item)
+                exe.append(errors.run(_abs_path, item, sub))
+    errors.check()
     return Protect(users, groups, named, uid_below, names, exe)
+
+
+CLEAR_AFTER = 60.0   # a violation that disappears is cleared after this long away (escalation.clear_after)
 
 
 class Escalation(object):
     """Warnings at ``warn_at`` seconds after a violation is first seen; the action at ``act_at``;
-    SIGKILL ``sigkill_after`` seconds after SIGTERM; a failed action is retried after ``retry_after``."""
+    SIGKILL ``sigkill_after`` seconds after SIGTERM; a failed action is retried after ``retry_after``;
+    a violation that disappears is cleared once it has stayed away for ``clear_after`` seconds."""
 
-    def __init__(self, warn_at=(0.0, 300.0), act_at=600.0, sigkill_after=30.0, retry_after=300.0):
+    def __init__(self, warn_at=(0.0, 300.0), act_at=600.0, sigkill_after=30.0, retry_after=300.0, clear_after=CLEAR_AFTER):
         self.warn_at = sorted(float(x) for x in warn_at)
         self.act_at = float(act_at)
         self.sigkill_after = float(sigkill_after)
         self.retry_after = float(retry_after)
+        self.clear_after = float(clear_after)
 
     def to_dict(self):
         return {'warn_at': self.warn_at, 'act_at': self.act_at, 'sigkill_after': self.sigkill_after,
-                'retry_after': self.retry_after}
+                'retry_after': self.retry_after, 'clear_after': self.clear_after}
 
 
-ESCALATION_KEYS = ('warn_again_after', 'act_after', 'grace', 'warnings', 'sigkill_after', 'kill_after', 'retry_after', 'steps')
+ESCALATION_KEYS = ('warn_again_after', 'act_after', 'grace', 'warnings', 'sigkill_after', 'kill_after', 'retry_after', 'steps',
+                   'clear_after')
 
 
 def _escalation(value, path):
@@ -1089,62 +1224,72 @@ def _escalation(value, path):
     if isinstance(value, list):
         value = {'steps': value}
     _dict(value, path)
-    _only(value, path, ESCALATION_KEYS)
+    errors = _Errors()
+    errors.run(_only, value, path, ESCALATION_KEYS)
     sigkill = None
     for name in ('sigkill_after', 'kill_after'):
         if name in value:
             if sigkill is not None:
-                raise _Bad(_join(path, name), value[name], 'given twice (kill_after is another name for sigkill_after)')
-            sigkill = _duration(value[name], _join(path, name))
-    retry = _duration(value['retry_after'], _join(path, 'retry_after')) if 'retry_after' in value else 300.0
+                errors.add(_join(path, name), value[name], 'given twice (kill_after is another name for sigkill_after)')
+                continue
+            sigkill = errors.run(_duration, value[name], _join(path, name))
+    retry = errors.run(_duration, value['retry_after'], _join(path, 'retry_after')) if 'retry_after' in value else 300.0
+    clear = errors.run(_duration, value['clear_after'], _join(path, 'clear_after')) if 'clear_after' in value else CLEAR_AFTER
     if 'steps' in value:
         if any(k in value for k in ('warn_again_after', 'act_after', 'grace', 'warnings')):
-            raise _Bad(path, value, 'give steps, or warn_again_after/act_after, not both')
+            errors.add(path, value, 'give steps, or warn_again_after/act_after, not both')
         warn_at, act_at = [], None
-        steps = _list(value['steps'], _join(path, 'steps'))
-        for index, step in enumerate(steps):
+        steps = errors.run(_list, value['steps'], _join(path, 'steps'))
+        for index, step in enumerate(steps or []):
             sub = '%s[%d]' % (_join(path, 'steps'), index)
-            _dict(step, sub)
-            _only(step, sub, ('after', 'after_min', 'action', 'sigkill_after'))
+            if errors.run(_dict, step, sub) is None:
+                continue
+            errors.run(_only, step, sub, ('after', 'after_min', 'action', 'sigkill_after'))
             if 'after' in step and 'after_min' in step:
-                raise _Bad(sub, step, 'give after or after_min, not both')
-            after = _duration(step['after_min'], _join(sub, 'after_min'), 60.0) if 'after_min' in step else \
-                _duration(step.get('after', 0), _join(sub, 'after'))
-            action = _action(step.get('action', 'warn'), _join(sub, 'action'))
+                errors.add(sub, step, 'give after or after_min, not both')
+            after = errors.run(_duration, step['after_min'], _join(sub, 'after_min'), 60.0) if 'after_min' in step else \
+                errors.run(_duration, step.get('after', 0), _join(sub, 'after'))
+            action = errors.run(_action, step.get('action', 'warn'), _join(sub, 'action'))
+            if after is None or action is None:
+                continue
             if action == 'warn':
                 if act_at is not None:
-                    raise _Bad(sub, step, 'warnings come before the action')
+                    errors.add(sub, step, 'warnings come before the action')
                 warn_at.append(after)
             else:
                 if act_at is not None:
-                    raise _Bad(sub, step, 'only one step acts (terminate or kill)')
+                    errors.add(sub, step, 'only one step acts (terminate or kill)')
                 act_at = after
                 if 'sigkill_after' in step:
-                    sigkill = _duration(step['sigkill_after'], _join(sub, 'sigkill_after'))
-        if act_at is None:
-            raise _Bad(_join(path, 'steps'), steps, 'the last step acts: action terminate (or kill)')
-        if warn_at and max(warn_at) > act_at:
-            raise _Bad(_join(path, 'steps'), steps, 'warnings come before the action')
-        return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry)
+                    sigkill = errors.run(_duration, step['sigkill_after'], _join(sub, 'sigkill_after'))
+        if steps is not None and act_at is None:
+            errors.add(_join(path, 'steps'), steps, 'the last step acts: action terminate (or kill)')
+        elif warn_at and act_at is not None and max(warn_at) > act_at:
+            errors.add(_join(path, 'steps'), steps, 'warnings come before the action')
+        errors.check()
+        return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry, clear)
     if 'act_after' in value and 'grace' in value:
-        raise _Bad(path, value, 'give act_after or grace (the same thing), not both')
+        errors.add(path, value, 'give act_after or grace (the same thing), not both')
     act_at = 600.0
     for name in ('act_after', 'grace'):
         if name in value:
-            act_at = _duration(value[name], _join(path, name))
+            act_at = errors.run(_duration, value[name], _join(path, name))
+    warn_at = []
     if 'warn_again_after' in value:
         if 'warnings' in value:
-            raise _Bad(path, value, 'give warn_again_after or warnings, not both')
-        again = _duration(value['warn_again_after'], _join(path, 'warn_again_after'))
-        if again > act_at:
-            raise _Bad(_join(path, 'warn_again_after'), value['warn_again_after'], 'the second warning comes before the action (act_after)')
+            errors.add(path, value, 'give warn_again_after or warnings, not both')
+        again = errors.run(_duration, value['warn_again_after'], _join(path, 'warn_again_after'))
+        if again is not None and act_at is not None and again > act_at:
+            errors.add(_join(path, 'warn_again_after'), value['warn_again_after'], 'the second warning comes before the action (act_after)')
         warn_at = [0.0, again]
     else:
-        count = _count(value['warnings'], _join(path, 'warnings')) if 'warnings' in value else 2
-        if count > 100:
-            raise _Bad(_join(path, 'warnings'), value['warnings'], 'at most 100 warnings')
-        warn_at = [act_at * i / count for i in range(count)] if count else []
-    return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry)
+        count = errors.run(_count, value['warnings'], _join(path, 'warnings')) if 'warnings' in value else 2
+        if count is not None and count > 100:
+            errors.add(_join(path, 'warnings'), value['warnings'], 'at most 100 warnings')
+        elif count and act_at is not None:
+            warn_at = [act_at * i / count for i in range(count)]
+    errors.check()
+    return Escalation(warn_at, act_at, 30.0 if sigkill is None else sigkill, retry, clear)
 
 
 class RoguePolicy(object):
@@ -1162,24 +1307,27 @@ def _rogue(value, path):
     if value is True:
         return RoguePolicy(enabled=True)
     _dict(value, path)
-    _only(value, path, ('enabled', 'act_min_level', 'min_level', 'action', 'grace', 'require_hard_indicator', 'rules_file'))
+    errors = _Errors()
+    errors.run(_only, value, path, ('enabled', 'act_min_level', 'min_level', 'action', 'grace', 'require_hard_indicator', 'rules_file'))
     if 'act_min_level' in value and 'min_level' in value:
-        raise _Bad(path, value, 'give act_min_level or min_level, not both')
+        errors.add(path, value, 'give act_min_level or min_level, not both')
     level = value.get('act_min_level', value.get('min_level', 'critical'))
     if level not in ('medium', 'high', 'critical'):
-        raise _Bad(_join(path, 'act_min_level'), level, 'expected medium, high or critical')
+        errors.add(_join(path, 'act_min_level'), level, 'expected medium, high or critical')
     if 'require_hard_indicator' in value and value['require_hard_indicator'] is not True:
-        raise _Bad(_join(path, 'require_hard_indicator'), value['require_hard_indicator'],
+        errors.add(_join(path, 'require_hard_indicator'), value['require_hard_indicator'],
                    'acting on a rogue finding always needs a hard indicator (content or network evidence); '
                    'behaviour alone never leads to an action')
     rules_file = value.get('rules_file')
-    if rules_file is not None and (not isinstance(rules_file, str) or not rules_file.startswith('/')):
-        raise _Bad(_join(path, 'rules_file'), rules_file, 'expected an absolute path')
-    return RoguePolicy(enabled=_bool(value.get('enabled', True), _join(path, 'enabled')),
-                       act_min_level=level,
-                       action=_action(value.get('action', 'terminate'), _join(path, 'action')),
-                       grace=_duration(value['grace'], _join(path, 'grace')) if 'grace' in value else 0.0,
-                       rules_file=rules_file)
+    if rules_file is not None:
+        errors.run(_abs_path, rules_file, _join(path, 'rules_file'))
+    rogue = RoguePolicy(enabled=errors.run(_bool, value.get('enabled', True), _join(path, 'enabled')),
+                        act_min_level=level,
+                        action=errors.run(_action, value.get('action', 'terminate'), _join(path, 'action')),
+                        grace=errors.run(_duration, value['grace'], _join(path, 'grace')) if 'grace' in value else 0.0,
+                        rules_file=rules_file)
+    errors.check()
+    return rogue
 
 
 class Notify(object):
@@ -1197,44 +1345,49 @@ def _notify(value, path):
     if value is None:
         return Notify(redact_patterns=defaults)
     _dict(value, path)
-    _only(value, path, ('tty', 'webhook', 'command', 'redact_patterns', 'redact_defaults', 'message'))
+    errors = _Errors()
+    errors.run(_only, value, path, ('tty', 'webhook', 'command', 'redact_patterns', 'redact_defaults', 'message'))
     url, timeout = None, 5.0
     hook = value.get('webhook')
     if isinstance(hook, str):
         hook = {'url': hook}
-    if hook is not None:
+    if hook is not None and errors.run(_dict, hook, _join(path, 'webhook')) is not None:
         sub = _join(path, 'webhook')
-        _dict(hook, sub)
-        _only(hook, sub, ('url', 'timeout', 'enabled', 'allow_http'))
-        allow_http = _bool(hook.get('allow_http', False), _join(sub, 'allow_http'))
+        errors.run(_only, hook, sub, ('url', 'timeout', 'enabled', 'allow_http'))
+        allow_http = errors.run(_bool, hook.get('allow_http', False), _join(sub, 'allow_http'))
         if hook.get('enabled', True):
             url = hook.get('url')
-            why = None if url is None else notify_mod.webhook_url_problem(url, allow_http, _join(sub, 'allow_http'))
+            why = None if url is None else notify_mod.webhook_url_problem(url, bool(allow_http), _join(sub, 'allow_http'))
             if why:
-                raise _Bad(_join(sub, 'url'), (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why)
+                errors.add(_join(sub, 'url'), (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why)
         if 'timeout' in hook:
-            timeout = _duration(hook['timeout'], _join(sub, 'timeout'))
-            if not 0 < timeout <= 60:
-                raise _Bad(_join(sub, 'timeout'), hook['timeout'], 'expected more than 0 and at most 60 seconds')
+            timeout = errors.run(_duration, hook['timeout'], _join(sub, 'timeout'))
+            if timeout is not None and not 0 < timeout <= 60:
+                errors.add(_join(sub, 'timeout'), hook['timeout'], 'expected more than 0 and at most 60 seconds')
     command = None
     if value.get('command') is not None:
-        sub = _join(path, 'command')
-        argv = value['command']
-        if isinstance(argv, str):
-            raise _Bad(sub, argv, 'the command hook is an argument list, never a shell line: write ["/usr/local/bin/notify", "--flag"]')
-        argv = _list(argv, sub)
-        if not argv or not all(isinstance(a, str) and a for a in argv):
-            raise _Bad(sub, argv, 'expected a non-empty list of arguments (text)')
-        if not argv[0].startswith('/'):
-            raise _Bad(sub, argv[0], 'the program is an absolute path')
-        command = list(argv)
-    patterns = defaults if _bool(value.get('redact_defaults', True), _join(path, 'redact_defaults')) else []
-    for item in _list(value.get('redact_patterns'), _join(path, 'redact_patterns')):
-        patterns.append(_regex(item, _join(path, 'redact_patterns')))
+        command = errors.run(_command, value['command'], _join(path, 'command'))
+    patterns = defaults if errors.run(_bool, value.get('redact_defaults', True), _join(path, 'redact_defaults')) is not False else []
+    for item in errors.run(_list, value.get('redact_patterns'), _join(path, 'redact_patterns')) or []:
+        patterns.append(errors.run(_regex, item, _join(path, 'redact_patterns')))
     message = value.get('message') or ''
     if not isinstance(message, str):
-        raise _Bad(_join(path, 'message'), message, 'expected text')
-    return Notify(_bool(value.get('tty', True), _join(path, 'tty')), url, timeout, command, patterns, message)
+        errors.add(_join(path, 'message'), message, 'expected text')
+    tty = errors.run(_bool, value.get('tty', True), _join(path, 'tty'))
+    errors.check()
+    return Notify(tty, url, timeout, command, patterns, message)
+
+
+def _command(argv, sub):
+    """The notify command hook: an argument list whose program is an absolute path."""
+    if isinstance(argv, str):
+        raise _Bad(sub, argv, 'the command hook is an argument list, never a shell line: write ["/usr/local/bin/notify", "--flag"]')
+    argv = _list(argv, sub)
+    if not argv or not all(isinstance(a, str) and a for a in argv):
+        raise _Bad(sub, argv, 'expected a non-empty list of arguments (text)')
+    if not argv[0].startswith('/'):
+        raise _Bad(sub, argv[0], 'the program is an absolute path')
+    return list(argv)
 
 
 # ============================================================================ the policy
@@ -1330,6 +1483,10 @@ GPUKILL_KEYS = ('global', 'user_policies', 'group_policies', 'gpu_policies', 'ti
 
 def parse_policy(data, source='<policy>'):
     """Validate a loaded document (dict, or a shorthand list) -> Policy.  Raises PolicyError."""
+    try:
+        check_nesting(data)  # every format and caller (check-config, tick, gpu_audit's mapping) passes here
+    except DocumentLimitError as exc:
+        raise PolicyError([('', None, str(exc))], source)
     errors = _Errors()
     if data is None:
         data = {}
@@ -1356,11 +1513,8 @@ def parse_policy(data, source='<policy>'):
     policy.source = source
     policy.format = fmt
     policy.notes = notes
-    try:
-        _only(data, '', TOP_KEYS, hint=dict((k, 'a gpu-kill key; a gpu-kill configuration uses only %s' % ', '.join(GPUKILL_KEYS))
-                                            for k in ('dry_run', 'hard_enforcement')))
-    except _Bad as exc:
-        errors.add(exc.path, exc.value, exc.why)
+    errors.run(_only, data, '', TOP_KEYS, dict((k, 'a gpu-kill key; a gpu-kill configuration uses only %s' % ', '.join(GPUKILL_KEYS))
+                                               for k in ('dry_run', 'hard_enforcement')))
     _parse_top(policy, data, errors)
     if errors.items:
         raise PolicyError(errors.items, source)
@@ -1480,14 +1634,12 @@ def _parse_top(policy, data, errors):
     alloc = data.get('require_allocation')
     if alloc is not None:
         if isinstance(alloc, dict):
-            try:
-                _only(alloc, 'require_allocation', ('enabled', 'allocations_file'))
-                enabled = _bool(alloc.get('enabled', True), 'require_allocation.enabled')
-                if alloc.get('allocations_file') is not None:
-                    policy.allocations_file = _abs_path(alloc['allocations_file'], 'require_allocation.allocations_file')
+            errors.run(_only, alloc, 'require_allocation', ('enabled', 'allocations_file'))
+            enabled = errors.run(_bool, alloc.get('enabled', True), 'require_allocation.enabled')
+            if alloc.get('allocations_file') is not None:
+                policy.allocations_file = errors.run(_abs_path, alloc['allocations_file'], 'require_allocation.allocations_file')
+            if enabled is not None:
                 policy.defaults.setdefault('require_allocation', enabled)
-            except _Bad as exc:
-                errors.add(exc.path, exc.value, exc.why)
         else:
             enabled = errors.run(_bool, alloc, 'require_allocation')
             if enabled is not None:
@@ -1620,14 +1772,10 @@ def from_gpukill(data, errors, notes):
 
     glob = section('global')
     enforcement = section('enforcement')
-    try:
-        _only(glob, 'global', ('enabled', 'default_memory_limit_gb', 'default_utilization_limit_pct',
-                               'default_duration_limit_hours', 'check_interval_seconds', 'dry_run'))
-        _only(enforcement, 'enforcement', ('soft_enforcement', 'hard_enforcement', 'grace_period_seconds', 'max_warnings',
-                                           'notifications'))
-    except _Bad as exc:
-        errors.add(exc.path, exc.value, exc.why)
-        return out
+    errors.run(_only, glob, 'global', ('enabled', 'default_memory_limit_gb', 'default_utilization_limit_pct',
+                                       'default_duration_limit_hours', 'check_interval_seconds', 'dry_run'))
+    errors.run(_only, enforcement, 'enforcement', ('soft_enforcement', 'hard_enforcement', 'grace_period_seconds', 'max_warnings',
+                                                   'notifications'))
     if 'enabled' in glob:
         out['enabled'] = errors.run(_bool, glob['enabled'], 'global.enabled')
     dry_run = errors.run(_bool, glob.get('dry_run', True), 'global.dry_run')
@@ -1657,12 +1805,9 @@ def from_gpukill(data, errors, notes):
             out['escalation'] = {'act_after': '%ss' % grace, 'warnings': min(warnings, 100)}
     notif = enforcement.get('notifications')
     if notif is not None:
-        try:
-            _dict(notif, 'enforcement.notifications')
-            _only(notif, 'enforcement.notifications', ('console', 'log_file', 'email', 'email_recipients', 'webhook', 'webhook_url'))
-        except _Bad as exc:
-            errors.add(exc.path, exc.value, exc.why)
+        if errors.run(_dict, notif, 'enforcement.notifications') is None:
             notif = {}
+        errors.run(_only, notif, 'enforcement.notifications', ('console', 'log_file', 'email', 'email_recipients', 'webhook', 'webhook_url'))
         hook = {}
         if notif.get('webhook') and notif.get('webhook_url'):
             hook = {'webhook': {'url': notif['webhook_url']}}
@@ -1679,11 +1824,7 @@ def from_gpukill(data, errors, notes):
             if not isinstance(block, dict):
                 errors.add(path, block, 'expected a table (mapping)')
                 continue
-            try:
-                _only(block, path, keys + (name_field,))
-            except _Bad as exc:
-                errors.add(exc.path, exc.value, exc.why)
-                continue
+            errors.run(_only, block, path, keys + (name_field,))  # the other fields are checked as well
             if block.get(name_field) is not None and str(block[name_field]) != str(key):
                 errors.add(_join(path, name_field), block[name_field], 'the %s must be the table name (%s)' % (name_field, key))
                 continue
@@ -1788,10 +1929,11 @@ def from_gpukill(data, errors, notes):
 
 def _gk_window(item, path, keys):
     _dict(item, path)
-    _only(item, path, keys)
-    for key in ('start_time', 'end_time'):
-        if key not in item:
-            raise _Bad(path, item, 'a gpu-kill window needs start_time and end_time ("HH:MM", UTC)')
+    errors = _Errors()
+    errors.run(_only, item, path, keys)
+    if 'start_time' not in item or 'end_time' not in item:
+        errors.add(path, item, 'a gpu-kill window needs start_time and end_time ("HH:MM", UTC)')
+    errors.check()
     days = item.get('days_of_week')
     window = {'start': item['start_time'], 'end': item['end_time'], 'tz': 'UTC'}
     if days:
@@ -1816,12 +1958,53 @@ def _gk_limits(item, path):
 
 
 # ---------------------------------------------------------------------------- loading
+def _node_extent(node, extents):
+    """(nesting, nodes) of a composed YAML node whose children are in ``extents`` ({id: (node, nesting, nodes)})."""
+    if isinstance(node.value, list):
+        children = [n for item in node.value for n in (item if isinstance(item, tuple) else (item,))]
+        known = [extents.get(id(child)) for child in children]
+        if any(extent is None for extent in known):
+            return None
+        return 1 + max([extent[1] for extent in known] or [0]), 1 + sum(extent[2] for extent in known)
+    return 0, 1
+
+
 def _strict_yaml_loader():
-    """A SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one)."""
+    """A SafeLoader that refuses duplicate keys (PyYAML silently keeps the last one), nesting past
+    MAX_NESTING and aliases that expand past MAX_ALIAS_NODES (a "billion laughs" document): it
+    counts while it composes, before anything is built, so a small bomb costs a small effort."""
     yaml = yaml_module()
 
     class StrictLoader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
-        pass
+        def __init__(self, stream):
+            yaml.SafeLoader.__init__(self, stream)
+            self.open_nodes = 0        # the nodes being composed around the current one
+            self.extents = {}          # id(node) -> (node, nesting, nodes once aliases are expanded)
+            self.alias_nodes = 0       # nodes the aliases added so far
+
+        def compose_node(self, parent, index):
+            alias = self.check_event(yaml.AliasEvent)
+            line = self.peek_event().start_mark.line + 1
+            if self.open_nodes > MAX_NESTING:
+                raise DocumentLimitError(_too_deep(), line)
+            self.open_nodes += 1
+            try:
+                node = yaml.SafeLoader.compose_node(self, parent, index)
+            finally:
+                self.open_nodes -= 1
+            known = self.extents.get(id(node))
+            if known is None:
+                extent = None if alias else _node_extent(node, self.extents)
+                if extent is None:
+                    raise DocumentLimitError('an alias refers to the node that contains it (a recursive alias)', line)
+                known = self.extents[id(node)] = (node,) + extent
+            elif alias:
+                self.alias_nodes += known[2]
+                if self.alias_nodes > MAX_ALIAS_NODES:
+                    raise DocumentLimitError('aliases expand to more than %d nodes (the limit)' % MAX_ALIAS_NODES, line)
+            if self.open_nodes + known[1] > MAX_NESTING:
+                raise DocumentLimitError(_too_deep(), line)
+            return node
 
     def construct_mapping(loader, node, deep=False):
         loader.flatten_mapping(node)
@@ -1842,43 +2025,204 @@ def _strict_yaml_loader():
     return StrictLoader
 
 
-_LOADER = None
+_LOADER = []
+
+
+def yaml_loader():
+    """The loader class for every YAML document the agent reads (policy, settings, rogue rules):
+    strict and limited (see _strict_yaml_loader).  None without PyYAML."""
+    if not _LOADER:
+        _LOADER.append(_strict_yaml_loader() if yaml_module() is not None else None)
+    return _LOADER[0]
 
 
 def _read_document(text, source):
-    """YAML (or JSON) first; TOML when that yields no mapping or list (gpu-kill configuration files)."""
-    global _LOADER  # pylint: disable=global-statement
-    yaml_error = None
-    data = None
-    parsed = False
-    stripped = text.strip()
-    yaml = yaml_module()
-    if yaml is not None:
-        if _LOADER is None:
-            _LOADER = _strict_yaml_loader()
-        try:
-            data = yaml.load(text, Loader=_LOADER)  # nosec - a SafeLoader subclass
-            parsed = True
-        except yaml.YAMLError as exc:
-            yaml_error = str(exc).replace('\n', ' ')
-        except (ValueError, TypeError, RecursionError, OverflowError) as exc:
-            yaml_error = 'cannot read the document: %s' % exc
-    else:
-        try:
-            data = json.loads(text) if stripped else None
-            parsed = True
-        except ValueError as exc:
-            yaml_error = 'not JSON (install PyYAML to read YAML): %s' % exc
-    if parsed and (data is None or isinstance(data, (dict, list))):
-        return _plain(data)
-    from . import toml_lite  # pylint: disable=import-outside-toplevel
+    """(data, lines) of ``text``: the parser the file's extension names (.yaml/.yml, .json, .toml);
+    unnamed input (stdin, text) is sniffed: YAML (or JSON) first, TOML when that yields no mapping
+    or list.  ``lines`` maps paths to lines (YAML only; {} otherwise)."""
+    fmt = document_format(source)
+    if fmt == 'json':
+        return _read_json(text, source), {}
+    if fmt == 'toml':
+        return _read_toml(text, source), {}
+    if fmt == 'yaml':
+        if yaml_module() is None:  # JSON is YAML: read it without PyYAML
+            try:
+                return _read_json(text, source), {}
+            except PolicyError as exc:
+                if exc.lines[0] is None:
+                    raise  # nested too deep
+                why = ('reading YAML needs PyYAML (python3-yaml), and this is not JSON either (%s): '
+                       'install PyYAML, or write the document in JSON' % exc.errors[0][2])
+                raise PolicyError([('', None, why)], source)
+        return _read_yaml(text, source)
+    return _sniffed(text, source)[1:]
+
+
+def _sniffed(text, source):
+    """('yaml'|'json'|'toml', data, lines) of unnamed input: YAML (or, without PyYAML, JSON) first,
+    TOML when that fails on a document that looks like TOML, or yields no mapping or list."""
     try:
-        return toml_lite.loads(text)
-    except toml_lite.TomlError as exc:
-        if yaml_error is None:
-            yaml_error = 'a policy is a mapping (or a list of shorthand rules), got %s' % _type(data)
-            raise PolicyError([('', _show(data), yaml_error)], source)
-        raise PolicyError([('', None, 'neither YAML (%s) nor TOML (%s)' % (yaml_error, exc))], source)
+        if yaml_module() is not None:
+            data, lines = _read_yaml(text, source)
+            syntax = 'yaml'
+        else:
+            data, lines, syntax = _read_json(text, source), {}, 'json'
+    except PolicyError:
+        if not _looks_like_toml(text):
+            raise
+        return 'toml', _read_toml(text, source), {}
+    if data is None or isinstance(data, (dict, list)):
+        return syntax, data, lines
+    try:
+        return 'toml', _read_toml(text, source), {}
+    except PolicyError:
+        raise PolicyError([('', _show(data), 'a policy is a mapping (or a list of shorthand rules), got %s' % _type(data))], source)
+
+
+def document_syntax(text, source):
+    """'yaml', 'json' or 'toml': the parser that reads ``text`` (the extension of ``source``, else the
+    one that sniffing picks, as the loaders do).  Raises PolicyError when none reads it."""
+    if isinstance(text, bytes):
+        text = text.decode('utf-8', 'replace')
+    return document_format(source) or _sniffed(text, source)[0]
+
+
+def document_format(source):
+    """'yaml', 'json' or 'toml' from the extension of ``source`` (a file name); None for unnamed input."""
+    ext = os.path.splitext(source or '')[1].lower()
+    return {'.yaml': 'yaml', '.yml': 'yaml', '.json': 'json', '.toml': 'toml'}.get(ext)
+
+
+def _looks_like_toml(text):
+    """True when the first line that says something is a TOML table header or a ``key = value``."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith('#'):
+            return bool(re.match(r'^(\[\[?\s*[A-Za-z0-9_."\' -]+\]\]?\s*(#.*)?|[A-Za-z0-9_."\'-]+\s*=.*)$', line))
+    return False
+
+
+def _syntax_error(fmt, line, column, why):
+    return 'line %d, column %d: %s syntax error: %s' % (line, column, fmt, why)
+
+
+def _read_yaml(text, source):
+    yaml = yaml_module()
+    try:
+        loader = yaml_loader()(text)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:  # pragma: no cover - the reader fails on bytes it cannot decode
+        raise PolicyError([('', None, 'YAML error: %s' % str(exc).replace('\n', ' '))], source)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except DocumentLimitError as exc:
+        raise PolicyError([('', None, str(exc), exc.line)], source)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        why = exc.problem or exc.context or str(exc)
+        if mark is None:
+            raise PolicyError([('', None, 'YAML syntax error: %s' % why)], source)
+        raise PolicyError([('', None, _syntax_error('YAML', mark.line + 1, mark.column + 1, why), mark.line + 1)], source)
+    except yaml.YAMLError as exc:
+        raise PolicyError([('', None, 'YAML error: %s' % str(exc).replace('\n', ' '))], source)
+    except RecursionError:
+        raise PolicyError([('', None, _too_deep())], source)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise PolicyError([('', None, 'cannot read the YAML document: %s' % exc)], source)
+    finally:
+        loader.dispose()
+    return _plain(data), _node_lines(node)
+
+
+def _node_lines(root):
+    """{path: line} of every mapping key and list item in a composed YAML node tree (paths as the
+    validators write them; a top-level list is the shorthand ``rules``).  Iterative, each node once."""
+    lines = {}
+    if root is None:
+        return lines
+    seen = set()
+    pending = [(root, 'rules' if isinstance(root.value, list) and root.value and not isinstance(root.value[0], tuple) else '')]
+    while pending:
+        node, path = pending.pop()
+        if id(node) in seen or not isinstance(node.value, list):
+            continue
+        seen.add(id(node))
+        for index, item in enumerate(node.value):
+            if isinstance(item, tuple):
+                key, child = item
+                if not isinstance(key.value, str):
+                    continue
+                sub = _join(path, key.value)
+            else:
+                key = child = item
+                sub = '%s[%d]' % (path, index)
+            lines.setdefault(sub, key.start_mark.line + 1)
+            pending.append((child, sub))
+    return lines
+
+
+def _unique_pairs(pairs):
+    """object_pairs_hook for JSON: a key given twice is an error (as in YAML), not silently the last."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError('duplicate key %r' % key)
+        out[key] = value
+    return out
+
+
+def _read_json(text, source):
+    if not text.strip():
+        return None
+    try:
+        data = json.loads(text, object_pairs_hook=_unique_pairs)
+    except RecursionError:
+        raise PolicyError([('', None, _too_deep())], source)
+    except json.JSONDecodeError as exc:
+        raise PolicyError([('', None, _syntax_error('JSON', exc.lineno, exc.colno, exc.msg), exc.lineno)], source)
+    except ValueError as exc:
+        raise PolicyError([('', None, 'invalid JSON: %s' % exc)], source)
+    return data
+
+
+_TOML = []
+TOML_MISSING = ('reading TOML needs Python 3.11+ (tomllib) or the tomli package: install tomli, '
+                'or write the policy in YAML')
+
+
+def toml_module():
+    """tomllib (Python 3.11+), else tomli (the same parser for older Pythons), else None."""
+    if not _TOML:
+        try:
+            import tomllib as toml  # pylint: disable=import-outside-toplevel
+        except ImportError:
+            try:
+                import tomli as toml  # pylint: disable=import-outside-toplevel
+            except ImportError:
+                toml = None
+        _TOML.append(toml)
+    return _TOML[0]
+
+
+def _read_toml(text, source):
+    toml = toml_module()
+    if toml is None:
+        raise PolicyError([('', None, TOML_MISSING)], source)
+    try:
+        return _plain(toml.loads(text))
+    except toml.TOMLDecodeError as exc:
+        message = str(exc)
+        found = re.search(r'^(.*?)\s*\(at line (\d+), column (\d+)\)$', message)
+        if found:
+            line = int(found.group(2))
+            why = found.group(1)
+            if re.search(r'=\s*null\s*(#.*)?$', (text.splitlines()[line - 1:line] or [''])[0]):
+                why += ' (TOML has no null: leave the key out)'
+            raise PolicyError([('', None, _syntax_error('TOML', line, int(found.group(3)), why), line)], source)
+        raise PolicyError([('', None, 'TOML syntax error: %s' % message)], source)
+    except RecursionError:
+        raise PolicyError([('', None, _too_deep())], source)
 
 
 def _plain(data, depth=0):
@@ -1889,13 +2233,29 @@ def _plain(data, depth=0):
         return dict((k, _plain(v, depth + 1)) for k, v in data.items())
     if isinstance(data, list):
         return [_plain(v, depth + 1) for v in data]
-    if isinstance(data, (datetime.date, datetime.datetime)):
+    if isinstance(data, (datetime.date, datetime.datetime, datetime.time)):
         return data.isoformat()
     return data
 
 
 def read_document(text, source='<policy>'):
-    """The document in ``text`` (YAML, JSON or TOML) as plain data, not yet validated.  Raises PolicyError."""
+    """The document in ``text`` (YAML, JSON or TOML, by the extension of ``source``) as plain data,
+    not yet validated.  Raises PolicyError."""
+    return read_document_lines(text, source)[0]
+
+
+def read_document_lines(text, source='<policy>', what='policy'):
+    """(data, {path: line}) of ``text``: read_document, with the line of each path (YAML only).
+    ``what`` the document is (policy, settings) names the field of its PolicyError."""
+    try:
+        return _read_document_lines(text, source)
+    except PolicyError as exc:
+        if what != 'policy' and exc.field == 'policy':
+            exc.field = what
+        raise
+
+
+def _read_document_lines(text, source):
     if isinstance(text, bytes):
         try:
             text = text.decode('utf-8')
@@ -1904,8 +2264,13 @@ def read_document(text, source='<policy>'):
     if not isinstance(text, str):
         raise PolicyError([('', None, 'expected text')], source)
     if len(text) > MAX_POLICY_BYTES:
-        raise PolicyError([('', None, 'the policy is larger than %d bytes' % MAX_POLICY_BYTES)], source)
-    return _read_document(text, source)
+        raise PolicyError([('', None, 'the document is larger than %d bytes' % MAX_POLICY_BYTES)], source)
+    data, lines = _read_document(text, source)
+    try:
+        check_nesting(data)
+    except DocumentLimitError as exc:
+        raise PolicyError([('', None, str(exc))], source)
+    return data, lines
 
 
 def json_pure(data):
@@ -1916,33 +2281,46 @@ def json_pure(data):
         return False
 
 
+def _cannot_read(exc, path):
+    return PolicyError([('', None, 'cannot read the policy: %s' % (exc.strerror or exc))], path)
+
+
 def load_policy_cached(path, cache):
     """``load_policy(path)`` through ``cache`` (a dict kept by the caller, e.g. in the agent's state):
     when the file's SHA-256 matches the cached one, the cached document is validated again without
-    reading YAML.  The cache is updated.  Raises PolicyError."""
+    reading YAML.  The cache is updated.  Raises PolicyError.  The agent's loader: the file is read
+    without following a link, checked on its descriptor and parsed from those bytes (safe_files)."""
     try:
-        with open(path, 'rb') as handle:
-            raw = handle.read(MAX_POLICY_BYTES + 1)
+        raw = safe_files.read_file(path, MAX_POLICY_BYTES + 1)
     except OSError as exc:
-        raise PolicyError([('', None, 'cannot read the policy: %s' % (exc.strerror or exc))], path)
+        raise _cannot_read(exc, path)
     digest = hashlib.sha256(raw).hexdigest()
+    lines = None
     if isinstance(cache, dict) and cache.get('sha256') == digest and 'document' in cache:
         data = cache['document']
     else:
-        data = read_document(raw, path)
+        data, lines = read_document_lines(raw, path)
         if isinstance(cache, dict):
             cache.clear()
             if json_pure(data):
                 cache.update(sha256=digest, document=data)
-    policy = parse_policy(data, path)
+    try:
+        policy = parse_policy(data, path)
+    except PolicyError as exc:
+        exc.add_lines(lines if lines is not None else read_document_lines(raw, path)[1])
+        raise
     policy.sha256 = digest
     return policy
 
 
 def load_policy_text(text, source='<policy>'):
     """Parse and validate a policy document -> Policy (``sha256`` of the text is recorded)."""
-    data = read_document(text, source)
-    policy = parse_policy(data, source)
+    data, lines = read_document_lines(text, source)
+    try:
+        policy = parse_policy(data, source)
+    except PolicyError as exc:
+        exc.add_lines(lines)
+        raise
     policy.sha256 = hashlib.sha256(text.encode('utf-8') if isinstance(text, str) else text).hexdigest()
     return policy
 
@@ -1953,7 +2331,7 @@ def load_policy(path=DEFAULT_PATH):
         with open(path, 'rb') as handle:
             raw = handle.read(MAX_POLICY_BYTES + 1)
     except OSError as exc:
-        raise PolicyError([('', None, 'cannot read the policy: %s' % (exc.strerror or exc))], path)
+        raise _cannot_read(exc, path)
     return load_policy_text(raw, path)
 
 
@@ -1964,19 +2342,19 @@ class Context(object):
     groups: {user: [group names]} (None: the host's Unix groups).  scheduler: 'slurm', 'kubernetes'
     or None (the node allocates GPUs through them; 'auto' detects slurmd/kubelet).  allocations:
     {gpu index: set of owner ids ('slurm:<job>' or 'pod:<uid>')} or None when unknown.
-    rogue_findings: {pid: finding} from core.rogue, or None.  exe_hashes: {pid: sha256} (None: read
-    /proc/PID/exe when an exemption asks for a hash).
+    rogue_findings: {pid: finding} from core.rogue, or None.  exe_hashes: {pid: sha256} (None: hash
+    /proc/PID/exe through ``exe_cache``, an exe_hash.ExeHashes, when an exemption asks for a hash).
     """
 
     def __init__(self, groups=None, scheduler=None, allocations=None, rogue_findings=None, exe_hashes=None,
-                 proc_root='/proc'):
+                 proc_root='/proc', exe_cache=None):
         self._groups = groups
         self._group_cache = {}
         self.scheduler = scheduler
         self.allocations = allocations
         self.rogue_findings = rogue_findings
         self._exe_hashes = exe_hashes
-        self._hash_cache = {}
+        self.exe_cache = exe_cache if exe_cache is not None else ExeHashes(proc_root=proc_root)
         self.proc_root = proc_root
         if scheduler == 'auto':
             self.scheduler = detect_scheduler(proc_root)
@@ -1993,10 +2371,7 @@ class Context(object):
     def exe_sha256(self, proc):
         if self._exe_hashes is not None:
             return self._exe_hashes.get(proc.pid)
-        key = (proc.pid, proc.starttime)
-        if key not in self._hash_cache:
-            self._hash_cache[key] = _hash_exe(proc.pid, self.proc_root)
-        return self._hash_cache[key]
+        return self.exe_cache.sha256(proc.pid, proc.starttime)
 
 
 _ALL_GROUPS = None
@@ -2024,35 +2399,20 @@ def _unix_groups(user):
     return tuple(names)
 
 
-def _hash_exe(pid, proc_root='/proc', limit=1024 * 1024 * 1024):
-    digest = hashlib.sha256()
-    try:
-        with open(os.path.join(proc_root, str(pid), 'exe'), 'rb') as handle:
-            read = 0
-            while True:
-                block = handle.read(1024 * 1024)
-                if not block:
-                    break
-                read += len(block)
-                if read > limit:
-                    return None
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
-
-
 def detect_scheduler(proc_root='/proc'):
-    """'slurm' or 'kubernetes' when slurmd or kubelet runs here, else None."""
+    """'slurm' or 'kubernetes' when root runs slurmd or kubelet here (never a name alone: processes.scheduler_daemon), else None."""
     return {'slurmd': 'slurm', 'kubelet': 'kubernetes'}.get(scheduler_daemon(proc_root))
+
+
+MAX_ALLOCATIONS_BYTES = 16 * 1024 * 1024
 
 
 def read_allocations(path):
     """``{gpu index: set of owners}`` from an allocations file written by a Slurm prolog or a device
-    plugin hook: ``{"gpus": {"0": ["slurm:123"], "1": ["pod:<uid>"]}}``.  None when absent or unreadable."""
+    plugin hook: ``{"gpus": {"0": ["slurm:123"], "1": ["pod:<uid>"]}}``.  None when absent, unreadable or
+    unsafe (a link, or a file or directory someone else than root could change: safe_files)."""
     try:
-        with open(path, encoding='utf-8') as handle:
-            data = json.load(handle)
+        data = json.loads(safe_files.read_file(path, MAX_ALLOCATIONS_BYTES).decode('utf-8'))
         gpus = data.get('gpus') if isinstance(data, dict) else None
         if not isinstance(gpus, dict):
             return None
@@ -2193,12 +2553,19 @@ def _gpus_of(proc):
     return list(proc.gpu_indexes or [])
 
 
-def _fmt_mib(value):
+def _fmt_mib(value, other=None):
+    """A size for people; with ``other`` (the size it is compared with), precise enough to show that
+    they differ (19.5 GiB against 19.5 GiB would hide it: then MiB, or MiB with decimals)."""
     if value is None:
         return 'unknown'
-    if value >= 1024:
-        return '%.1f GiB' % (value / 1024.0)
-    return '%d MiB' % value
+    text = '%.1f GiB' % (value / 1024.0) if value >= 1024 else '%d MiB' % value
+    if other is None or value == other or text != _fmt_mib(other):
+        return text
+    for digits in (0, 3):
+        text = '%.*f MiB' % (digits, value)
+        if text != '%.*f MiB' % (digits, other):
+            return text
+    return text
 
 
 def _human_s(seconds):
@@ -2253,9 +2620,14 @@ def evaluate_detailed(policy, snapshot, state, now, context=None):
         return [], ['the policy is disabled (enabled: false)']
     quota = []
     for proc in snapshot.processes:
-        if not proc.found or proc.user is None:
-            run.notes.append('pid %d: not visible here or owner unknown; quota rules skip it' % proc.pid)
+        if not proc.found:
+            run.notes.append('pid %d: not visible here; quota rules skip it' % proc.pid)
             continue
+        if proc.user is None:
+            # Never skipped: an owner that cannot be read (read twice) is charged to a pseudo-owner.
+            run.notes.append('pid %d: owner unknown; charged to %s' % (proc.pid, UNKNOWN_OWNER))
+            proc = copy.copy(proc)
+            proc.user = UNKNOWN_OWNER
         why = policy.protect.reason(proc, policy, context)
         if why is not None:
             run.notes.append('pid %d (%s): %s; quota rules skip it' % (proc.pid, proc.user, why))
@@ -2270,7 +2642,7 @@ def evaluate_detailed(policy, snapshot, state, now, context=None):
     violations.extend(_group_rules(run, by_user))
     violations.extend(_gpu_rules(run, quota))
     violations.extend(_rogue_rule(run))
-    return violations, run.notes
+    return violations, run.notes + [note for note in context.exe_cache.notes if note not in run.notes]
 
 
 def _user_rules(run, user, procs):
@@ -2288,7 +2660,7 @@ def _user_rules(run, user, procs):
                 out.append(Violation('max_mem_per_gpu', 'user:%s' % user, total, lim.max_mem_mib_per_gpu, action,
                                      [p.pid for p in chosen], user=user, gpu=gpu, unit='MiB',
                                      message='%s uses %s on GPU %d, more than the %s allowed per GPU' % (
-                                         user, _fmt_mib(total), gpu, _fmt_mib(lim.max_mem_mib_per_gpu)),
+                                         user, _fmt_mib(total, lim.max_mem_mib_per_gpu), gpu, _fmt_mib(lim.max_mem_mib_per_gpu, total)),
                                      procs=[_describe(p, gpu) for p in chosen]))
     if lim.max_mem_mib_total is not None:
         cand = run.eligible(procs, 'max_mem_total')
@@ -2299,7 +2671,7 @@ def _user_rules(run, user, procs):
             out.append(Violation('max_mem_total', 'user:%s' % user, total, lim.max_mem_mib_total, action,
                                  [p.pid for p in chosen], user=user, unit='MiB',
                                  message='%s uses %s of GPU memory in total, more than the %s allowed' % (
-                                     user, _fmt_mib(total), _fmt_mib(lim.max_mem_mib_total)),
+                                     user, _fmt_mib(total, lim.max_mem_mib_total), _fmt_mib(lim.max_mem_mib_total, total)),
                                  procs=[_describe(p) for p in chosen]))
     if lim.max_gpus is not None:
         cand = run.eligible(procs, 'max_gpus')
@@ -2415,7 +2787,7 @@ def _group_rules(run, by_user):
                 chosen = fewest_by_size(items, limit)
                 out.append(Violation('group_max_mem_total', subject, total, limit, action, [p.pid for p in chosen], unit='MiB',
                                      message='group %s uses %s of GPU memory, more than the %s allowed' % (
-                                         group.name, _fmt_mib(total), _fmt_mib(limit)),
+                                         group.name, _fmt_mib(total, limit), _fmt_mib(limit, total)),
                                      procs=[_describe(p) for p in chosen]))
         limit = group.aggregate.get('group_max_gpus')
         if limit is not None:
@@ -2484,7 +2856,7 @@ def _gpu_rules(run, quota):
                     out.append(Violation('gpu_max_mem_total', 'gpu:%d' % gpu, total, rule.max_mem_mib_total, action,
                                          [p.pid for p in chosen], gpu=gpu, unit='MiB',
                                          message='GPU %d holds %s of process memory, more than the %s allowed on it' % (
-                                             gpu, _fmt_mib(total), _fmt_mib(rule.max_mem_mib_total)),
+                                             gpu, _fmt_mib(total, rule.max_mem_mib_total), _fmt_mib(rule.max_mem_mib_total, total)),
                                          procs=[_describe(p, gpu) for p in chosen]))
     return out
 

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import os
 import re
+import stat as stat_mod
 
+from .identity import kernel_lines, read_bytes as _read_bytes, read_identity
+from .identity import parse_stat, read_starttime  # pylint: disable=unused-import  # importable from here too
 from .model import NOT_FOUND, ContainerInfo, Holder, ProcessRecord
 
 # psutil is imported on first use, not at load: the guard agent reads /proc itself and never needs
@@ -85,53 +88,139 @@ _SLURM_RE = re.compile(r'(?:^|/)job_(\d+)(?:/|$)')
 
 
 # ---------------------------------------------------------------------------- parsing helpers
-def parse_cgroup(text):
-    """Parse /proc/PID/cgroup text (cgroup v1 or v2) -> (ContainerInfo or None, Slurm job id or None)."""
-    paths = []
-    for line in (text or '').splitlines():
-        parts = line.strip().split(':', 2)
-        if len(parts) == 3 and parts[2] not in paths:
-            paths.append(parts[2])
-    container_id = runtime = pod_uid = slurm_job = None
-    for path in paths:
-        if container_id is None:
-            for pattern, name in _CONTAINER_PATTERNS:
-                match = pattern.search(path)
-                if match:
-                    container_id, runtime = match.group(1), name
+DEFAULT_CGROUP_ROOT = '/sys/fs/cgroup'
+
+# Cgroup path components at and below which no name is an identity, whoever owns the directories:
+# systemd's per-user slices, its user managers (user@UID.service, delegated to the user with
+# Delegate=yes) and login session scopes.  Slurm, Docker and kubelet never put their cgroups there.
+_USER_CGROUP_RE = re.compile(r'^(?:user\.slice|user-[^/]*\.slice|user@[^/]*\.service|session-[^/]*\.scope)$')
+
+
+class CgroupTrust(object):
+    """Which leading part of a cgroup path root vouches for (docs/security.md, "cgroup identity").
+
+    A cgroup's name is chosen by whoever may create it, that is whoever may write the directory
+    that holds it.  So the name of a path component is trusted only when every directory above it,
+    from the hierarchy's mount point under ``cgroup_root`` down to its parent, is owned by root and
+    writable by neither its group nor others.  (The component's own directory may belong to the
+    job's user: Slurm's cgroup v1 plugin chowns ``job_N`` and ``step_M`` to the job's owner; what
+    she creates inside them is not trusted.)  Whatever the owners, nothing at or below a
+    ``user.slice``, ``user-UID.slice``, ``user@UID.service`` or ``session-N.scope`` component is
+    trusted, nor anything after a ``.`` or ``..`` component.
+
+    Fail closed: when a hierarchy's mount point cannot be found under ``cgroup_root`` (the guard
+    runs where the cgroup file system is not visible), only that structural rule applies; a
+    directory that cannot be examined (gone, denied) is not trusted, nor anything below it.
+    ``cgroup_root`` is a test seam.  Directory verdicts are cached until ``clear()``.
+    """
+
+    def __init__(self, cgroup_root=DEFAULT_CGROUP_ROOT):
+        self.cgroup_root = cgroup_root
+        self._mounts = {}
+        self._dirs = {}
+
+    def clear(self):
+        self._mounts.clear()
+        self._dirs.clear()
+
+    def mount_point(self, controllers):
+        """The directory of the hierarchy of a /proc/PID/cgroup line (``''`` for cgroup v2), or None."""
+        if controllers not in self._mounts:
+            root = self.cgroup_root
+            if not controllers:
+                candidates = [(root, 'cgroup.controllers'), (os.path.join(root, 'unified'), 'cgroup.controllers')]
+            else:
+                names = [name[5:] if name.startswith('name=') else name for name in controllers.split(',')]
+                candidates = [(os.path.join(root, name), '') for name in [','.join(names)] + names if name]
+            found = None
+            for directory, marker in candidates:
+                if os.path.isdir(directory) and (not marker or os.path.isfile(os.path.join(directory, marker))):
+                    found = directory
                     break
-        if pod_uid is None and 'kubepods' in path:
-            match = _POD_RE.search(path)
-            if match:
-                pod_uid = match.group(1).replace('_', '-')
-        if slurm_job is None:
-            match = _SLURM_RE.search(path)
-            if match:
-                slurm_job = match.group(1)
+            self._mounts[controllers] = found
+        return self._mounts[controllers]
+
+    def _root_owned(self, path, follow=False):
+        if path not in self._dirs:
+            try:
+                info = os.stat(path) if follow else os.lstat(path)
+                self._dirs[path] = stat_mod.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022
+            except OSError:
+                self._dirs[path] = False
+        return self._dirs[path]
+
+    def trusted_parts(self, controllers, parts):
+        """The leading components of ``parts`` (an already structurally cut path) whose names root chose."""
+        mount = self.mount_point(controllers)
+        if mount is None:
+            return parts
+        count = 0
+        while count < len(parts) and self._root_owned(os.path.join(mount, *parts[:count]), follow=count == 0):
+            count += 1
+        return parts[:count]
+
+
+def _structural_parts(path):
+    parts = []
+    for part in path.split('/'):
+        if not part:
+            continue
+        if part in ('.', '..') or _USER_CGROUP_RE.match(part):
+            break
+        parts.append(part)
+    return parts
+
+
+def _cgroup_identity(path):
+    """(container id, runtime, pod uid, Slurm job) that the text of one cgroup path names."""
+    container_id = runtime = pod_uid = slurm_job = None
+    for pattern, name in _CONTAINER_PATTERNS:
+        match = pattern.search(path)
+        if match:
+            container_id, runtime = match.group(1), name
+            break
+    if 'kubepods' in path:
+        match = _POD_RE.search(path)
+        if match:
+            pod_uid = match.group(1).replace('_', '-')
+    match = _SLURM_RE.search(path)
+    if match:
+        slurm_job = match.group(1)
+    return container_id, runtime, pod_uid, slurm_job
+
+
+def parse_cgroup(text, trust=None):
+    """Parse /proc/PID/cgroup text (cgroup v1 or v2) -> (ContainerInfo or None, Slurm job id or None).
+
+    Only the part of each path that root vouches for is read (``CgroupTrust``): names a user could
+    create (a delegated subtree, anything under a user slice) are never a job, container or pod.
+    ``trust``: a CgroupTrust that examines the directories' owners; None applies only the
+    structural rule, as when the cgroup file system cannot be read.  Lines end at a newline only
+    (the kernel refuses cgroup names with one; other line breaks may be part of a name).
+    """
+    entries = []
+    for line in (text or '').split('\n'):
+        parts = line.split(':', 2)
+        if len(parts) == 3 and (parts[1], parts[2]) not in entries:
+            entries.append((parts[1], parts[2]))
+    found = [None, None, None, None]  # container id, runtime, pod uid, Slurm job
+    for controllers, path in entries:
+        parts = _structural_parts(path)
+        if not any(_cgroup_identity('/' + '/'.join(parts))):
+            continue
+        if trust is not None:
+            parts = trust.trusted_parts(controllers, parts)
+        ident = _cgroup_identity('/' + '/'.join(parts))
+        if found[0] is None and ident[0] is not None:
+            found[0], found[1] = ident[0], ident[1]
+        for index in (2, 3):
+            if found[index] is None:
+                found[index] = ident[index]
+    container_id, runtime, pod_uid, slurm_job = found
     container = None
     if container_id is not None or pod_uid is not None:
         container = ContainerInfo(id=container_id, runtime=runtime, pod_uid=pod_uid)
     return container, slurm_job
-
-
-def parse_stat(text):
-    """Parse /proc/PID/stat -> dict(comm, state, ppid, session, flags, starttime); fields after the last ')'."""
-    end = text.rfind(')')
-    start = text.find('(')
-    if end < 0 or start < 0:
-        raise ValueError('malformed stat line')
-    rest = text[end + 2:].split()
-    # rest[0] is field 3 (state), so field N is rest[N - 3].
-    return {'comm': text[start + 1:end], 'state': rest[0], 'ppid': int(rest[1]), 'session': int(rest[3]),
-            'flags': int(rest[6]), 'starttime': int(rest[19])}
-
-
-def read_starttime(pid, proc_root='/proc'):
-    """Field 22 of /proc/PID/stat (clock ticks after boot): identifies a pid across reuse.  None if gone."""
-    try:
-        return parse_stat(_read_text(os.path.join(proc_root, str(pid), 'stat')))['starttime']
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def resolve_dev_roots(dev_roots):
@@ -298,8 +387,28 @@ def scan_device_fds(proc_root='/proc', dev_roots=None, exclude=(), pids=None):
 SCHEDULER_DAEMONS = ('slurmd', 'kubelet')
 
 
+def root_daemon_name(pid, proc_root='/proc'):
+    """The basename of ``pid``'s executable when root vouches for the process, else None.
+
+    Vouched means (identity.read_identity, the one reader of these kernel facts): the real,
+    effective and saved uids are 0; the running executable is a root-owned file that neither group
+    nor others may write; and every directory above it, in the process's own root, is owned by root
+    and writable by neither group nor others, so no user could have put or renamed a file there.
+    A pid reused during the read is not vouched for.
+    """
+    ident, _extra = read_identity(int(pid), proc_root)
+    if ident is None or not ident.uids or ident.uids[:3] != (0, 0, 0) or ident.exe is None or not ident.exe.trusted:
+        return None
+    path = ident.exe.path
+    return os.path.basename(path[:-len(' (deleted)')] if ident.exe.deleted else path)
+
+
 def scheduler_daemon(proc_root='/proc'):
-    """'slurmd' or 'kubelet' when one runs here, else None (one pass over the comm files)."""
+    """'slurmd' or 'kubelet' when root runs one here, else None.
+
+    Any user can name a process ``slurmd``: the comm files only pick the candidates, and a
+    candidate counts only when ``root_daemon_name`` vouches for it and its executable has that name.
+    """
     try:
         entries = os.listdir(proc_root)
     except OSError:
@@ -309,30 +418,12 @@ def scheduler_daemon(proc_root='/proc'):
             continue
         try:
             with open('%s/%s/comm' % (proc_root, entry), 'rb') as handle:
-                comm = handle.read(64).decode('utf-8', 'replace').strip()
+                comm = handle.read(64).decode('utf-8', 'replace').rstrip('\n')
         except OSError:
             continue
-        if comm in SCHEDULER_DAEMONS:
+        if comm in SCHEDULER_DAEMONS and root_daemon_name(entry, proc_root) == comm:
             return comm
     return None
-
-
-def _read_bytes(path, limit=None):
-    """The whole file (at most ``limit`` bytes) through os.open/os.read: /proc files are small, and
-    a buffered file object costs more than the read itself when thousands are read per snapshot."""
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
-    try:
-        chunks = []
-        size = 0
-        while limit is None or size < limit:
-            chunk = os.read(fd, 65536 if limit is None else min(65536, limit - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return chunks[0] if len(chunks) == 1 else b''.join(chunks)
-    finally:
-        os.close(fd)
 
 
 def _read_text(path):
@@ -341,7 +432,7 @@ def _read_text(path):
 
 def _boot_time(proc_root):
     try:
-        for line in _read_text(os.path.join(proc_root, 'stat')).splitlines():
+        for line in kernel_lines(_read_text(os.path.join(proc_root, 'stat'))):
             if line.startswith('btime '):
                 return int(line.split()[1])
     except (OSError, ValueError, IndexError):
@@ -358,39 +449,45 @@ def user_name(uid):
         return str(uid)
 
 
-def read_proc_files(pid, proc_root='/proc', cmdline_limit=None):
-    """Read /proc/PID directly: ``{'stat': parse_stat(), 'uid': real uid, 'cmdline': [...], 'exe': path}``.
-
-    None when the process does not exist (or its stat cannot be parsed).  ``uid``, ``cmdline`` and
-    ``exe`` are None when they cannot be read (``exe`` needs ptrace access to other users' processes).
-    ``cmdline_limit`` bounds the bytes read from the command line.
-    """
-    base = os.path.join(proc_root, str(pid))
+def user_uid(name):
+    """The uid of login name ``name``, or None when this node does not know it."""
     try:
-        stat = parse_stat(_read_text(os.path.join(base, 'stat')))
-    except (OSError, ValueError, IndexError):
+        import pwd  # pylint: disable=import-outside-toplevel
+        return pwd.getpwnam(name).pw_uid
+    except (ImportError, KeyError):
         return None
-    uid = None
+
+
+def read_cmdline(pid, proc_root='/proc', limit=None):
+    """The command line of ``pid`` as a list of texts (at most ``limit`` bytes read), None when unreadable."""
     try:
-        for line in _read_text(os.path.join(base, 'status')).splitlines():
-            if line.startswith('Uid:'):
-                uid = int(line.split()[1])
-                break
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        raw = _read_bytes(os.path.join(base, 'cmdline'), cmdline_limit or None)
-        parts = raw.decode('utf-8', 'replace').split('\x00')
-        if parts and parts[-1] == '':
-            parts = parts[:-1]
-        cmdline = parts
+        raw = _read_bytes(os.path.join(proc_root, str(pid), 'cmdline'), limit or None)
     except OSError:
-        cmdline = None
-    try:
-        exe = os.readlink(os.path.join(base, 'exe'))
-    except OSError:
-        exe = None
-    return {'stat': stat, 'uid': uid, 'cmdline': cmdline, 'exe': exe}
+        return None
+    parts = raw.decode('utf-8', 'replace').split('\x00')
+    if parts and parts[-1] == '':
+        parts = parts[:-1]
+    return parts
+
+
+def read_proc_files(pid, proc_root='/proc', cmdline_limit=None, dir_cache=None):
+    """Read /proc/PID directly: ``{'stat': {comm, state, ppid, session, flags, starttime}, 'uid': real uid,
+    'cmdline': [...], 'exe': path, 'identity': identity.Identity}``.
+
+    None when the process does not exist, its stat cannot be parsed, or its pid named another
+    process by the end of the read (``identity.read_identity``: the start time is read first and
+    checked last).  ``uid``, ``cmdline`` and ``exe`` are None when they cannot be read (``exe``
+    needs ptrace access to other users' processes).  ``cmdline_limit`` bounds the bytes read from
+    the command line.
+    """
+    ident, cmdline = read_identity(pid, proc_root, during=lambda: read_cmdline(pid, proc_root, cmdline_limit),
+                                   dir_cache=dir_cache)
+    if ident is None:
+        return None
+    stat = {'comm': ident.comm, 'state': ident.state, 'ppid': ident.ppid, 'session': ident.session, 'flags': ident.flags,
+            'starttime': ident.starttime}
+    return {'stat': stat, 'uid': ident.uid, 'cmdline': cmdline, 'exe': ident.exe.path if ident.exe is not None else None,
+            'identity': ident}
 
 
 # ---------------------------------------------------------------------------- the inventory
@@ -424,7 +521,7 @@ class InventoryResult(object):
 
 
 class ProcessInventory(object):
-    """Reads the process table.  ``dev_roots`` and ``proc_root`` are test seams, not user options.
+    """Reads the process table.  ``dev_roots``, ``proc_root`` and ``cgroup_root`` are test seams, not user options.
 
     ``use_psutil``: None = psutil when importable and proc_root is /proc; False = /proc files only.
     ``exclude_pids``: never reported as holders (default: this process).
@@ -432,12 +529,15 @@ class ProcessInventory(object):
     False only the wanted pids' fds are read (their ``device_paths``), which is much cheaper.
     """
 
-    PSUTIL_ATTRS = ('pid', 'ppid', 'name', 'exe', 'cmdline', 'username', 'uids', 'create_time', 'status')
+    # No 'uids' or 'username': the owner comes from identity.read_identity (psutil's status parser
+    # splits at '\r' too, which a process name may hold).
+    PSUTIL_ATTRS = ('pid', 'ppid', 'name', 'exe', 'cmdline', 'create_time', 'status')
 
     def __init__(self, dev_roots=None, proc_root='/proc', use_psutil=None, exclude_pids=None, scan_fds=True,
-                 scan_holders=True):
+                 scan_holders=True, cgroup_root=DEFAULT_CGROUP_ROOT):
         self.dev_roots = resolve_dev_roots(dev_roots)
         self.proc_root = proc_root
+        self.cgroup_trust = CgroupTrust(cgroup_root)
         if use_psutil is None:
             use_psutil = os.path.abspath(proc_root) == '/proc'
         if use_psutil and load_psutil() is None:
@@ -449,10 +549,12 @@ class ProcessInventory(object):
         self._btime = None
         self._ticks = 100.0
         self._users = {}          # uid -> login name: one passwd lookup per user, not per process
+        self._dirs = {}           # directory -> writable by a user (identity.dirs_writable), per inventory
 
     def scan(self, pids=()):
         """One pass: fd scan of every process, then records for ``pids`` and every holder."""
         errors = []
+        self.cgroup_trust.clear()
         if self.scan_fds:
             only = None if self.scan_holders else pids
             fd_holders, readable, denied = scan_device_fds(self.proc_root, self.dev_roots, self.exclude_pids, only)
@@ -476,55 +578,71 @@ class ProcessInventory(object):
 
     # ------------------------------------------------------------------ one record
     def record(self, pid):
-        """A ProcessRecord for ``pid`` (status ``not_found`` when this host does not see it)."""
-        rec = self._record_psutil(pid) if self.use_psutil else self._record_proc(pid)
-        if rec.found:
-            rec.container, rec.slurm_job = self._cgroup(pid)
-            if rec.starttime is None:
-                rec.starttime = read_starttime(pid, self.proc_root)
-        return rec
+        """A ProcessRecord for ``pid`` (status ``not_found`` when this host does not see it, or when its
+        pid named another process by the end of the read: nothing of one process is charged to another)."""
+        return self._record_psutil(pid) if self.use_psutil else self._record_proc(pid)
 
     def _cgroup(self, pid):
         try:
-            return parse_cgroup(_read_text(os.path.join(self.proc_root, str(pid), 'cgroup')))
+            return parse_cgroup(_read_text(os.path.join(self.proc_root, str(pid), 'cgroup')), self.cgroup_trust)
         except OSError:
             return None, None
 
+    def _user(self, uid):
+        """The login name of ``uid`` (one passwd lookup per user, not per process); None for None."""
+        if uid is None:
+            return None
+        name = self._users.get(uid)
+        if name is None:
+            name = self._users[uid] = user_name(uid)
+        return name
+
     def _record_psutil(self, pid):
+        """psutil's fields, read between the identity's two start-time reads (identity.read_identity);
+        the owner comes from the identity (/proc/PID/status), never from psutil's own parsing."""
         psutil = load_psutil()
+
+        def details():
+            try:
+                info = psutil.Process(pid).as_dict(attrs=list(self.PSUTIL_ATTRS), ad_value=None)
+            except psutil.AccessDenied:
+                info = {}
+            return info, self._cgroup(pid)
+
         try:
-            proc = psutil.Process(pid)
-            info = proc.as_dict(attrs=list(self.PSUTIL_ATTRS), ad_value=None)
+            ident, found = read_identity(pid, self.proc_root, during=details, dir_cache=self._dirs)
         except psutil.NoSuchProcess:
             return ProcessRecord(pid=pid)
-        except psutil.AccessDenied:
-            return ProcessRecord(pid=pid, status='unknown')
-        uids = info.get('uids')
+        if ident is None:
+            return ProcessRecord(pid=pid)
+        info, (container, slurm_job) = found
         cmdline = info.get('cmdline')
         return ProcessRecord(
             pid=pid,
-            status=info.get('status') or 'unknown',
-            user=info.get('username'),
-            uid=uids.real if uids is not None else None,
-            name=info.get('name'),
+            status=info.get('status') or _STATES.get(ident.state, 'unknown'),
+            user=self._user(ident.uid),
+            uid=ident.uid,
+            name=info.get('name') or ident.comm,
             cmdline=list(cmdline) if cmdline is not None else None,
             create_time=info.get('create_time'),
-            ppid=info.get('ppid'),
+            starttime=ident.starttime,
+            ppid=info.get('ppid') if info.get('ppid') is not None else ident.ppid,
             exe=info.get('exe') or None,
+            container=container,
+            slurm_job=slurm_job,
+            identity=ident,
         )
 
     def _record_proc(self, pid):
-        files = read_proc_files(pid, self.proc_root)
-        if files is None:
+        ident, found = read_identity(pid, self.proc_root, during=lambda: (read_cmdline(pid, self.proc_root), self._cgroup(pid)),
+                                     dir_cache=self._dirs)
+        if ident is None:
             return ProcessRecord(pid=pid)
-        stat = files['stat']
-        rec = ProcessRecord(pid=pid, status=_STATES.get(stat['state'], stat['state']), name=stat['comm'],
-                            ppid=stat['ppid'], starttime=stat['starttime'], uid=files['uid'], cmdline=files['cmdline'],
-                            exe=files['exe'])
-        if rec.uid is not None:
-            rec.user = self._users.get(rec.uid)
-            if rec.user is None:
-                rec.user = self._users[rec.uid] = user_name(rec.uid)
+        cmdline, (container, slurm_job) = found
+        rec = ProcessRecord(pid=pid, status=_STATES.get(ident.state, ident.state), name=ident.comm, ppid=ident.ppid,
+                            starttime=ident.starttime, uid=ident.uid, user=self._user(ident.uid), cmdline=cmdline,
+                            exe=ident.exe.path if ident.exe is not None else None, container=container,
+                            slurm_job=slurm_job, identity=ident)
         if self._btime is None:
             self._btime = _boot_time(self.proc_root)
             try:
@@ -532,7 +650,7 @@ class ProcessInventory(object):
             except (ValueError, OSError, AttributeError):
                 self._ticks = 100.0
         if self._btime is not None:
-            rec.create_time = round(self._btime + stat['starttime'] / self._ticks, 2)
+            rec.create_time = round(self._btime + ident.starttime / self._ticks, 2)
         if rec.status == NOT_FOUND:
             rec.status = 'unknown'
         return rec

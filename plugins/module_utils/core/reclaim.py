@@ -16,11 +16,11 @@ import os
 import signal as signals
 import time
 
-from . import audit_log, killer
+from . import audit_log, killer, notify
 from .backends import select as select_backends
 from .errors import InvalidArgument
 from .idle import UtilizationHistory
-from .processes import device_key, resolve_dev_roots, scan_device_fds
+from .processes import device_key, resolve_dev_roots, scan_device_fds, user_uid
 from .snapshot import DRM_RENDER_BASE, device_gpus, take_snapshot
 
 SIGNALS = ('TERM', 'INT', 'HUP', 'QUIT', 'KILL', 'USR1', 'USR2')
@@ -54,7 +54,7 @@ class ReclaimOptions(object):
     def __init__(self, signal='TERM', timeout=10.0, force=False, tree=True, release_timeout=15.0,
                  protect_names=killer.DEFAULT_PROTECT_NAMES, protect_users=(), vendor='auto',
                  audit_path=None, history_path=None, kill_timeout=5.0, audit_field='audit_log',
-                 history_field='utilization_history'):
+                 history_field='utilization_history', redact_patterns=None):
         if signal not in SIGNALS:
             raise InvalidArgument('signal', signal, 'expected one of %s' % ', '.join(SIGNALS))
         self.signal = signal
@@ -68,6 +68,8 @@ class ReclaimOptions(object):
         self.vendor = vendor
         self.audit_path = _optional_path(audit_field, audit_path)
         self.history_path = _optional_path(history_field, history_path)
+        # the command lines in the result and the audit records (notify.redact_argv): the policy's, or the defaults
+        self.redact_patterns = notify.default_patterns() if redact_patterns is None else list(redact_patterns)
 
     def summary(self):
         return {'signal': self.signal, 'timeout': self.timeout, 'force': self.force, 'tree': self.tree,
@@ -87,12 +89,14 @@ def _skip(record, reason):
 
 class Plan(object):
     """What plan() decided: ``victims`` (killer.Victim, some already ``killed`` because they exited by
-    themselves), ``skipped`` result entries, and the children of the victims left alone (tree=false)."""
+    themselves), ``skipped`` result entries, the children of the victims left alone (tree=false), and
+    the requests that led nowhere (``unmatched``: see unmatched_requests)."""
 
     def __init__(self):
         self.victims = []
         self.skipped = []
         self.left_children = []
+        self.unmatched = []
 
     @property
     def would_signal(self):
@@ -103,7 +107,9 @@ def plan(snapshot, selector, options, protection, idle_since=None, now=None, pro
     """Decide, without signalling: selection, then identity and protection for each match."""
     result = Plan()
     chosen = {}
-    for match in selector.select(snapshot, idle_since=idle_since, now=now):
+    matches = selector.select(snapshot, idle_since=idle_since, now=now)
+    result.unmatched = unmatched_requests(snapshot, selector, matches, protection, proc_root)
+    for match in matches:
         proc = match.proc
         record = _describe(proc)
         record['selected_because'] = match.reasons
@@ -122,6 +128,11 @@ def plan(snapshot, selector, options, protection, idle_since=None, now=None, pro
             continue
         if proc.starttime is not None and info.starttime != proc.starttime:
             result.skipped.append(_skip(record, 'pid %d was reused by another process since discovery: not signalled' % proc.pid))
+            continue
+        if getattr(proc, 'identity', None) is not None and proc.uid is not None and info.uid != proc.uid:
+            # selected as one user's (users=, a quota) but another uid owns it now (setuid, or unreadable)
+            result.skipped.append(_skip(record, 'pid %d was selected as uid %d\'s but is now owned by uid %s: not signalled' % (
+                proc.pid, proc.uid, 'unknown' if info.uid is None else info.uid)))
             continue
         if not match.orphan and getattr(proc, 'holds_gpu_device', None) is False:
             result.skipped.append(_skip(record, 'pid %d here holds no GPU device file, so the driver\'s pid %d is probably a '
@@ -169,6 +180,54 @@ def plan(snapshot, selector, options, protection, idle_since=None, now=None, pro
         result.victims.append(victim)
         chosen[pid] = victim
     return result
+
+
+def unmatched_requests(snapshot, selector, matches, protection, proc_root='/proc'):
+    """Each requested pid or user that selected nothing, with why; and the selection as a whole when
+    it matched nothing at all.  Entries: ``{'request': 'pid'|'user'|'selection', 'value', 'reason',
+    'warn'}``; ``warn`` is true for a request that names something absent from this node (a pid that
+    does not exist, a user this node does not know), which the modules report as a warning.  A user
+    who exists but has no GPU process here is no warning: across a fleet that is the common case."""
+    out = []
+    matched_pids = set(match.proc.pid for match in matches)
+    listed = dict((proc.pid, proc) for proc in snapshot.processes)
+    holders = set(holder.pid for holder in snapshot.holders)
+    for pid in sorted(selector.pids or ()):
+        if pid in matched_pids:
+            continue
+        info = killer.read_proc(pid, proc_root)
+        if pid in listed:
+            reason = 'pid %d is a GPU process here, but it does not match the other selectors' % pid
+            warn = False
+        elif info is None or info.dead:
+            reason, warn = 'no process with pid %d exists here (it has exited, or never existed)' % pid, True
+        else:
+            why = protection.reason(info)
+            if pid in holders:
+                reason = ('pid %d holds a GPU device file that the driver does not list (an orphan): select it with '
+                          'orphans=true' % pid)
+            else:
+                reason = 'pid %d is not a GPU process: the driver does not list it and it holds no GPU device file' % pid
+            if why is not None:
+                reason += '; it is also protected (%s)' % why
+            warn = True
+        out.append({'request': 'pid', 'value': pid, 'reason': reason, 'warn': warn})
+    matched_users = set(match.proc.user for match in matches)
+    for user in sorted(selector.users or ()):
+        if user in matched_users:
+            continue
+        if user_uid(user) is None:
+            out.append({'request': 'user', 'value': user, 'warn': True,
+                        'reason': 'no user %s exists on this node (checked with the system user database)' % user})
+        elif any(proc.user == user for proc in snapshot.processes):
+            out.append({'request': 'user', 'value': user, 'warn': False,
+                        'reason': 'user %s has GPU processes here, but none matches the other selectors' % user})
+        else:
+            out.append({'request': 'user', 'value': user, 'warn': False, 'reason': 'user %s has no GPU process here' % user})
+    if not matches and not out:
+        out.append({'request': 'selection', 'value': selector_summary(selector), 'warn': False,
+                    'reason': 'no GPU process here matches every selector given'})
+    return out
 
 
 def _selected_ancestor(pid, chosen, proc_root):
@@ -373,6 +432,8 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     killed = [v.as_result() for v in victims if v.outcome == 'killed']
     failed = [v.as_result() for v in victims if v.outcome == 'failed']
     skipped = decided.skipped + [v.as_result() for v in victims if v.outcome == 'skipped']
+    for entry in killed + failed + skipped:  # the result goes to the audit log and to the caller's output
+        entry['cmdline'] = notify.redact_argv(entry.get('cmdline'), options.redact_patterns)
     signalled = not check_mode and any(v.signals for v in victims)
     freed = dict((str(index), entry['freed_mib']) for index, entry in sorted(release.items()))
     result = {
@@ -386,10 +447,11 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
                         for index, entry in sorted(release.items())),
         'unreleased': unreleased,
         'unreleased_mib': sum(u['unreleased_mib'] for u in unreleased),
+        'unmatched': [dict((k, v) for k, v in entry.items() if k != 'warn') for entry in decided.unmatched],
         'seconds': round(time.monotonic() - started, 3),
-        'warnings': warnings + list(snapshot.errors),
+        'warnings': warnings + list(snapshot.errors) + [entry['reason'] for entry in decided.unmatched if entry['warn']],
     }
-    result['msg'] = _message(check_mode, killed, skipped, failed, freed, result['unreleased_mib'])
+    result['msg'] = _message(check_mode, killed, skipped, failed, freed, result['unreleased_mib'], decided.unmatched)
     if options.audit_path and signalled:
         try:
             audit_log.append(options.audit_path, {
@@ -401,13 +463,18 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     return result
 
 
-def _message(check_mode, killed, skipped, failed, freed, unreleased_mib):
+def _message(check_mode, killed, skipped, failed, freed, unreleased_mib, unmatched=()):
     if check_mode:
-        return 'would kill %d process(es), skip %d; nothing was signalled (check mode)' % (len(killed), len(skipped))
-    text = 'killed %d process(es), skipped %d, failed %d; freed %d MiB' % (
-        len(killed), len(skipped), len(failed), sum(v or 0 for v in freed.values()))
-    if unreleased_mib:
+        text = 'would kill %d process(es), skip %d; nothing was signalled (check mode)' % (len(killed), len(skipped))
+    else:
+        text = 'killed %d process(es), skipped %d, failed %d; freed %d MiB' % (
+            len(killed), len(skipped), len(failed), sum(v or 0 for v in freed.values()))
+    if unreleased_mib and not check_mode:
         text += '; %d MiB not released' % unreleased_mib
+    if unmatched:
+        text += '; %d request(s) led nowhere: %s' % (len(unmatched), '; '.join(entry['reason'] for entry in unmatched[:3]))
+        if len(unmatched) > 3:
+            text += '; ...'
     return text
 
 

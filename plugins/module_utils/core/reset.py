@@ -36,15 +36,17 @@ import shutil
 import subprocess
 import time
 
-from . import audit_log
+from . import audit_log, notify
 from .backends import amd as amd_backend
 from .backends import nvidia as nvidia_backend
 from .backends.base import error_text, pci_bdf
 from .errors import InvalidArgument
+from .identity import name_trusted
 from .killer import DEFAULT_PROTECT_NAMES
 from .reclaim import ReclaimOptions, reclaim
 from .select import Selector
 from .snapshot import resolve_gpus, take_snapshot
+from .text import printable
 
 PASS, FAIL, WARN, NOT_EXPOSED, NOT_APPLICABLE = 'pass', 'fail', 'warn', 'not_exposed', 'not_applicable'
 CHECK_NAMES = ('vendor', 'root', 'tool', 'mig', 'nvlink', 'fabric_manager', 'persistence_mode', 'nvml_session',
@@ -181,11 +183,13 @@ def _label(dev):
 
 
 def _who(entry):
-    return 'pid %s %s (%s)' % (entry.get('pid'), entry.get('name') or '?', entry.get('user') or '?')
+    """A process in a message (the process's name is its user's text: escaped)."""
+    return printable('pid %s %s (%s)' % (entry.get('pid'), entry.get('name') or '?', entry.get('user') or '?'))
 
 
 def _describe(proc, devices=None):
-    out = {'pid': proc.pid, 'name': proc.name, 'user': proc.user, 'cmdline': list(proc.cmdline or [])}
+    out = {'pid': proc.pid, 'name': proc.name, 'user': proc.user,
+           'cmdline': notify.redact_argv(list(proc.cmdline or []), notify.default_patterns())}
     if devices is not None:
         out['devices'] = list(devices)
     return out
@@ -287,7 +291,13 @@ def _names(proc):
 
 
 def blocking_client(proc):
-    """(client name, suggested unit) when ``proc`` is a known reset-blocking client, else None."""
+    """(client name, suggested unit) when ``proc`` is a known reset-blocking client, else None.
+
+    Only a process that a user could not have named so counts (identity.name_trusted): a user's
+    process named nv-hostengine is one of the GPU's processes, not a service to stop.
+    """
+    if not name_trusted(getattr(proc, 'identity', None)):
+        return None
     for name in _names(proc):
         for client, unit in BLOCKING_CLIENTS:
             if name == client or (len(name) == COMM_LEN and client.startswith(name)):

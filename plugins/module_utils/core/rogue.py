@@ -27,7 +27,6 @@ enough soft ones.  The data (names, lists, weights) lives in rogue_rules.py.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import ipaddress
 import json
 import math
@@ -37,11 +36,14 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from . import rogue_rules as R
+from . import notify, rogue_rules as R, safe_files
 from .errors import GpuFleetError, InvalidArgument, MissingLibrary
+from .exe_hash import ExeHashes
+from .identity import kernel_lines
 from .processes import scheduler_daemon
 from .select import MAX_MATCH_TEXT, compile_regex
 from .select import _human  # one duration formatter for the core's messages
+from .text import clean_text
 
 try:
     import yaml
@@ -63,14 +65,12 @@ MAX_ENV_BYTES = 1024 * 1024
 MAX_MAPS_LINES = 65536
 MAX_PARENTS = 16
 MAX_RULES_FILE = 1024 * 1024
-MAX_HASH_BYTES = 1024 * 1024 * 1024
 MAX_OUTPUT_ARGS = 64
 MAX_OUTPUT_ARG = 1024
 _ID_RE = re.compile(r'^[A-Za-z][A-Za-z0-9_.-]{0,63}$')
 _HOST_RE = re.compile(r'^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)+$')
 _SHA256_RE = re.compile(r'^[0-9a-f]{64}$')
 _VERSION_SUFFIX_RE = re.compile(r'[-_.]?v?\d[0-9a-z._-]{0,30}$')
-_SURROGATES_RE = re.compile('[\ud800-\udfff]')
 _PRIVATE_NETS = tuple(ipaddress.ip_network(n) for n in R.PRIVATE_NETWORKS)
 TCP_STATES = {'01': 'ESTABLISHED', '02': 'SYN_SENT', '03': 'SYN_RECV', '04': 'FIN_WAIT1', '05': 'FIN_WAIT2',
               '06': 'TIME_WAIT', '07': 'CLOSE', '08': 'CLOSE_WAIT', '09': 'LAST_ACK', '0A': 'LISTEN', '0B': 'CLOSING'}
@@ -80,31 +80,24 @@ ACTIVE_STATES = ('ESTABLISHED', 'SYN_SENT')
 class RulesError(GpuFleetError):
     """A rules file or inline rules that do not match the schema: names the source, line and field."""
 
-    def __init__(self, source, line, field_name, why):
+    def __init__(self, source, line, field_name, why, errors=None):
         self.source = source
         self.line = line
         self.field = field_name or None
         self.why = why
-        where = source if line is None else '%s:%d' % (source, line)
-        super(RulesError, self).__init__('%s: %s: %s' % (where, field_name or '(document)', why))
+        # every error of the document, (source, line, field, why), in the order of the file
+        self.errors = list(errors) if errors else [(source, line, field_name or None, why)]
+        super(RulesError, self).__init__('\n'.join('%s: %s: %s' % (src if ln is None else '%s:%d' % (src, ln), fld or '(document)', text)
+                                                   for src, ln, fld, text in self.errors))
+
+    @classmethod
+    def combine(cls, errors):
+        """One RulesError for all ``errors`` (tuples as in ``errors``), sorted by line."""
+        errors = sorted(errors, key=lambda item: item[1] or 0)
+        return cls(errors[0][0], errors[0][1], errors[0][2], errors[0][3], errors)
 
 
 # ---------------------------------------------------------------------------- text helpers
-def clean_text(value, limit=None):
-    """A printable, JSON-safe str from str/bytes/anything (invalid UTF-8 and surrogates replaced)."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode('utf-8', 'replace')
-    elif not isinstance(value, str):
-        value = str(value)
-    if _SURROGATES_RE.search(value):
-        value = _SURROGATES_RE.sub('\ufffd', value)
-    if limit is not None and len(value) > limit:
-        value = value[:limit] + '...'
-    return value
-
-
 def _evidence(source, value, note=None):
     return {'source': source, 'value': clean_text(value, MAX_EVIDENCE_TEXT), 'note': note}
 
@@ -931,12 +924,21 @@ class RogueConfig(object):
 class _Val(object):
     """A value of the rules document with its YAML node (line numbers) and its path."""
 
-    def __init__(self, value, node, path, source, loader=None):
+    def __init__(self, value, node, path, source, loader=None, errors=None):
         self.value = value
         self.node = node
         self.path = path
         self.source = source
         self.loader = loader
+        self.errors = [] if errors is None else errors   # shared by the whole document: every error is collected
+
+    def run(self, func, *args):
+        """func(*args), or None with its RulesError collected (the other fields are checked as well)."""
+        try:
+            return func(*args)
+        except RulesError as exc:
+            self.errors.extend(exc.errors)
+            return None
 
     @property
     def line(self):
@@ -950,7 +952,7 @@ class _Val(object):
 
     def child(self, value, node, suffix):
         path = '%s%s' % (self.path, suffix) if self.path else suffix.lstrip('.')
-        return _Val(value, node, path, self.source, self.loader)
+        return _Val(value, node, path, self.source, self.loader, self.errors)
 
     def mapping(self, allowed):
         """{key: _Val} of a mapping, rejecting keys not in ``allowed``."""
@@ -961,8 +963,9 @@ class _Val(object):
             for knode, vnode in self.node.value:
                 key = knode.value if isinstance(knode, yaml.ScalarNode) else None
                 if not isinstance(key, str) or key not in allowed:
-                    raise RulesError(self.source, knode.start_mark.line + 1, self._sub(str(key)),
-                                     'unknown key %r (allowed: %s)' % (key, ', '.join(sorted(allowed))))
+                    self.errors.append((self.source, knode.start_mark.line + 1, self._sub(str(key)),
+                                        'unknown key %r (allowed: %s)' % (key, ', '.join(sorted(allowed)))))
+                    continue
                 if key in out:
                     raise RulesError(self.source, knode.start_mark.line + 1, self._sub(key), 'duplicate key')
                 out[key] = self.child(_construct(self.loader, vnode, self.source), vnode, '.' + key)
@@ -972,8 +975,9 @@ class _Val(object):
         out = {}
         for key, value in self.value.items():
             if not isinstance(key, str) or key not in allowed:
-                raise RulesError(self.source, None, self._sub(str(key)),
-                                 'unknown key %r (allowed: %s)' % (key, ', '.join(sorted(allowed))))
+                self.errors.append((self.source, None, self._sub(str(key)),
+                                    'unknown key %r (allowed: %s)' % (key, ', '.join(sorted(allowed)))))
+                continue
             out[key] = self.child(value, None, '.' + key)
         return out
 
@@ -1038,12 +1042,16 @@ def _parse_document(text, source):
             raise RulesError(source, None, None, 'not UTF-8 text: %s' % exc)
     if len(text) > MAX_RULES_FILE:
         raise RulesError(source, None, None, 'larger than %d bytes' % MAX_RULES_FILE)
+    from .policy import DocumentLimitError, yaml_loader  # pylint: disable=import-outside-toplevel
     try:
-        loader = yaml.SafeLoader(text)
+        loader = yaml_loader()(text)   # the policy's loader: the same nesting and alias limits
     except yaml.YAMLError as exc:
         raise RulesError(source, None, None, 'not valid YAML: %s' % clean_text(exc, 300))
     try:
         return loader.get_single_node(), loader
+    except DocumentLimitError as exc:
+        loader.dispose()
+        raise RulesError(source, exc.line, None, exc.why)
     except yaml.MarkedYAMLError as exc:
         loader.dispose()
         mark = exc.problem_mark or exc.context_mark
@@ -1062,84 +1070,108 @@ RULE_KEYS = ('id', 'kind', 'weight', 'description', 'match')
 ALLOW_KEYS = ('exe', 'sha256', 'user', 'cmdline', 'image', 'expires', 'comment')
 
 
-def load_config(rules_file=None, rules=None, text=None, now=None):
+def load_config(rules_file=None, rules=None, text=None, now=None, checked=False):
     """The effective RogueConfig: built-ins, then ``rules_file`` (a path), ``text`` (YAML) and ``rules`` (a dict).
 
     Raises RulesError naming the source, the line (YAML only) and the field.  Expired allowlist
-    entries are dropped and listed in ``config.warnings``.
+    entries are dropped and listed in ``config.warnings``.  ``checked`` (the guard agent): the
+    rules file is read without following a link and checked on its descriptor (safe_files).
     """
     config = RogueConfig()
     now = now if now is not None else datetime.datetime.now(datetime.timezone.utc)
     documents = []
     if rules_file:
         try:
-            with open(rules_file, 'rb') as handle:
-                data = handle.read(MAX_RULES_FILE + 1)
+            if checked:
+                data = safe_files.read_file(rules_file, MAX_RULES_FILE + 1)
+            else:
+                with open(rules_file, 'rb') as handle:
+                    data = handle.read(MAX_RULES_FILE + 1)
         except OSError as exc:
             raise RulesError(rules_file, None, None, 'cannot read the rules file: %s' % (exc.strerror or exc))
         documents.append((data, rules_file))
     if text is not None:
         documents.append((text, '<rules text>'))
     for data, source in documents:
+        if source == rules_file and _policy().document_format(source) in ('json', 'toml'):
+            # JSON and TOML by their own parsers (no lines for the fields); YAML through its nodes, with lines
+            try:
+                doc = _policy().read_document(data, source)
+            except _policy().PolicyError as exc:
+                raise RulesError(source, None, None, exc.errors[0][2])  # a line it names is in the text, with the column
+            if doc is not None:
+                _apply_all(config, _Val(doc, None, '', source), now)
+            continue
         node, loader = _parse_document(data, source)
         try:
             if node is None:
                 continue
-            _apply(config, _Val(None, node, '', source, loader), now)
+            _apply_all(config, _Val(None, node, '', source, loader), now)
         except RecursionError:
             raise RulesError(source, None, None, 'nested too deeply')
         finally:
             loader.dispose()
     if rules:
-        _apply(config, _Val(rules, None, '', 'rules (inline)'), now)
+        _apply_all(config, _Val(rules, None, '', 'rules (inline)'), now)
     return config
+
+
+def _policy():
+    from . import policy  # pylint: disable=import-outside-toplevel
+    return policy
+
+
+def _apply_all(config, root, now):
+    """_apply, then every error of the document at once."""
+    root.run(_apply, config, root, now)
+    if root.errors:
+        raise RulesError.combine(root.errors)
 
 
 def _apply(config, root, now):
     config.sources.append(root.source)
     top = root.mapping(TOP_KEYS)
+    run = root.run
     if 'version' in top and top['version'].value != SCHEMA_VERSION:
         raise top['version'].error('unsupported version %r (this release reads version %d)' % (top['version'].value, SCHEMA_VERSION))
-    for item in top['pools'].sequence() if 'pools' in top else ():
-        text = item.string().strip().lower()
-        try:
-            config.pool_networks.append(ipaddress.ip_network(text, strict=False))
-            continue
-        except ValueError:
-            pass
-        host = text.lstrip('*').lstrip('.')
-        if not _HOST_RE.match(host):
-            raise item.error('%r is neither an IP address, a network (CIDR) nor a host name' % text)
-        config.pool_domains.add(host)
-    for item in top['pool_ports'].sequence() if 'pool_ports' in top else ():
-        config.pool_ports.add(item.integer(1, 65535))
-    for item in top['miner_names'].sequence() if 'miner_names' in top else ():
-        config.miner_names.add(item.string().strip().lower())
-    for item in top['miner_env'].sequence() if 'miner_env' in top else ():
-        config.miner_env_keys.add(item.string().strip())
+    for item in run(top['pools'].sequence) or () if 'pools' in top else ():
+        run(_pool, config, item)
+    for item in run(top['pool_ports'].sequence) or () if 'pool_ports' in top else ():
+        port = run(item.integer, 1, 65535)
+        if port is not None:
+            config.pool_ports.add(port)
+    for item in run(top['miner_names'].sequence) or () if 'miner_names' in top else ():
+        name = run(item.string)
+        if name is not None:
+            config.miner_names.add(name.strip().lower())
+    for item in run(top['miner_env'].sequence) or () if 'miner_env' in top else ():
+        key = run(item.string)
+        if key is not None:
+            config.miner_env_keys.add(key.strip())
     if 'window' in top:
-        from .units import parse_duration  # pylint: disable=import-outside-toplevel
-        try:
-            config.window_s = parse_duration(top['window'].value, 'window')
-        except InvalidArgument as exc:
-            raise top['window'].error(exc.why)
-        if not 60 <= config.window_s <= 7 * 86400:
-            raise top['window'].error('the window must be from 1m to 7d')
+        run(_window_setting, config, top['window'])
     if 'min_samples' in top:
-        config.min_samples = top['min_samples'].integer(2, 100000)
-    for item in top['rules'].sequence() if 'rules' in top else ():
-        config.custom.append(_custom_rule(config, item))
+        config.min_samples = run(top['min_samples'].integer, 2, 100000) or config.min_samples
+    for item in run(top['rules'].sequence) or () if 'rules' in top else ():
+        rule = run(_custom_rule, config, item)
+        if rule is not None:
+            config.custom.append(rule)
     known = set(config.rule_ids())
-    for item in top['disable'].sequence() if 'disable' in top else ():
-        rid = item.string()
-        if rid not in known:
-            raise item.error('unknown rule id %r (known: %s)' % (rid, ', '.join(sorted(known))))
-        config.disabled.add(rid)
+    for item in run(top['disable'].sequence) or () if 'disable' in top else ():
+        rid = run(item.string)
+        if rid is not None and rid not in known:
+            run(_raise, item.error('unknown rule id %r (known: %s)' % (rid, ', '.join(sorted(known)))))
+        elif rid is not None:
+            config.disabled.add(rid)
     if 'weights' in top:
-        for rid, item in top['weights'].mapping(known).items():
-            config.weights[rid] = item.integer(R.MIN_WEIGHT, R.MAX_WEIGHT)
-    for item in top['allowlist'].sequence() if 'allowlist' in top else ():
-        entry = _allow_entry(item, len(config.allowlist) + len(config.expired))
+        for rid, item in (run(top['weights'].mapping, known) or {}).items():
+            weight = run(item.integer, R.MIN_WEIGHT, R.MAX_WEIGHT)
+            if weight is not None:
+                config.weights[rid] = weight
+    for item in run(top['allowlist'].sequence) or () if 'allowlist' in top else ():
+        entry = run(_allow_entry, item, len(config.allowlist) + len(config.expired))
+        if entry is None:
+            continue
         if entry.expires is not None and entry.expires <= now:
             config.expired.append(entry)
             config.warnings.append('allowlist entry %s (%s) expired on %s and is ignored' % (
@@ -1148,44 +1180,87 @@ def _apply(config, root, now):
             config.allowlist.append(entry)
 
 
+def _raise(error):
+    raise error
+
+
+def _pool(config, item):
+    text = item.string().strip().lower()
+    try:
+        config.pool_networks.append(ipaddress.ip_network(text, strict=False))
+        return
+    except ValueError:
+        pass
+    host = text.lstrip('*').lstrip('.')
+    if not _HOST_RE.match(host):
+        raise item.error('%r is neither an IP address, a network (CIDR) nor a host name' % text)
+    config.pool_domains.add(host)
+
+
+def _window_setting(config, item):
+    from .units import parse_duration  # pylint: disable=import-outside-toplevel
+    try:
+        window = parse_duration(item.value, 'window')
+    except InvalidArgument as exc:
+        raise item.error(exc.why)
+    if not 60 <= window <= 7 * 86400:
+        raise item.error('the window must be from 1m to 7d')
+    config.window_s = window
+
+
 def _custom_rule(config, item):
+    before = len(item.errors)
     spec = item.mapping(RULE_KEYS)
-    for key in ('id', 'kind', 'weight', 'description', 'match'):
-        if key not in spec:
-            raise item.error('a rule needs %s' % key)
-    rid = spec['id'].string()
-    if not _ID_RE.match(rid):
-        raise spec['id'].error('a rule id is a letter followed by up to 63 letters, digits, _ . or -')
-    if rid in config.rule_ids():
-        raise spec['id'].error('the rule id %r is already taken (built-in or earlier rule)' % rid)
-    kind = spec['kind'].string()
-    if kind not in R.KINDS:
-        raise spec['kind'].error('expected one of %s, got %r' % (', '.join(R.KINDS), kind))
-    weight = spec['weight'].integer(R.MIN_WEIGHT, R.MAX_WEIGHT)
-    description = spec['description'].string()
-    matchers = spec['match'].mapping(CustomRule.MATCHERS)
-    if not matchers:
-        raise spec['match'].error('give at least one of %s' % ', '.join(CustomRule.MATCHERS))
-    match = {}
-    for key, value in matchers.items():
-        if key == 'remote_port':
-            match[key] = set(v.integer(1, 65535) for v in value.sequence())
-        elif key == 'remote_addr':
-            nets = []
-            for v in value.sequence():
-                try:
-                    nets.append(ipaddress.ip_network(v.string().strip(), strict=False))
-                except ValueError:
-                    raise v.error('%r is not an IP address or network' % v.value)
-            match[key] = nets
-        else:
-            match[key] = value.regex()
+    run = item.run
+    missing = [key for key in ('id', 'kind', 'weight', 'description', 'match') if key not in spec]
+    if missing:
+        run(_raise, item.error('a rule needs %s' % ', '.join(missing)))
+    rid = run(spec['id'].string) if 'id' in spec else None
+    if rid is not None and not _ID_RE.match(rid):
+        run(_raise, spec['id'].error('a rule id is a letter followed by up to 63 letters, digits, _ . or -'))
+    elif rid is not None and rid in config.rule_ids():
+        run(_raise, spec['id'].error('the rule id %r is already taken (built-in or earlier rule)' % rid))
+    kind = run(spec['kind'].string) if 'kind' in spec else None
+    if kind is not None and kind not in R.KINDS:
+        run(_raise, spec['kind'].error('expected one of %s, got %r' % (', '.join(R.KINDS), kind)))
+    weight = run(spec['weight'].integer, R.MIN_WEIGHT, R.MAX_WEIGHT) if 'weight' in spec else None
+    description = run(spec['description'].string) if 'description' in spec else None
+    match = run(_matchers, spec['match']) if 'match' in spec else None
+    if len(item.errors) > before:
+        return None  # its errors are collected
     source = item.source if item.line is None else '%s:%d' % (item.source, item.line)
     return CustomRule(rid, kind, weight, description, match, source=source)
 
 
+def _matchers(value):
+    """The ``match`` of a custom rule: each matcher checked."""
+    matchers = value.mapping(CustomRule.MATCHERS)
+    if not matchers:
+        raise value.error('give at least one of %s' % ', '.join(CustomRule.MATCHERS))
+    match = {}
+    for key, item in matchers.items():
+        if key == 'remote_port':
+            match[key] = set(p for p in (item.run(v.integer, 1, 65535) for v in item.run(item.sequence) or ()) if p is not None)
+        elif key == 'remote_addr':
+            nets = []
+            for v in item.run(item.sequence) or ():
+                text = v.run(v.string)
+                try:
+                    if text is not None:
+                        nets.append(ipaddress.ip_network(text.strip(), strict=False))
+                except ValueError:
+                    item.run(_raise, v.error('%r is not an IP address or network' % v.value))
+            match[key] = nets
+        else:
+            match[key] = item.run(item.regex)
+    return match
+
+
 def _allow_entry(item, index):
+    before = len(item.errors)
     spec = item.mapping(ALLOW_KEYS)
+    if len(item.errors) > before:
+        return None  # an unknown key: collected
     has = set(spec)
     source = item.source if item.line is None else '%s:%d' % (item.source, item.line)
     kwargs = {}
@@ -1325,9 +1400,11 @@ class Detector(object):
 
 
 def _output_cmdline(args):
+    """The command line of a finding (returned, and appended to the audit log): bounded, and redacted
+    with the default patterns (notify.redact_argv: a finding at level info is any GPU process)."""
     if args is None:
         return None
-    return [clean_text(a, MAX_OUTPUT_ARG) for a in args[:MAX_OUTPUT_ARGS]]
+    return notify.redact_argv([clean_text(a, MAX_OUTPUT_ARG) for a in args[:MAX_OUTPUT_ARGS]], notify.default_patterns())
 
 
 def finding_dict(facts, score, level, fired, suppressors, points, behavioural, allowed, notes):
@@ -1378,7 +1455,7 @@ def summarize(findings, evaluated=None):
 def parse_proc_net_tcp(text, ipv6=False):
     """{inode: Connection} from /proc/PID/net/tcp or tcp6 text (remote side, any state)."""
     conns = {}
-    for line in text.splitlines()[1:]:
+    for line in kernel_lines(text)[1:]:
         parts = line.split()
         if len(parts) < 10:
             continue
@@ -1415,7 +1492,7 @@ def parse_environ(data):
 def parse_maps(text):
     libs = []
     seen = set()
-    for count, line in enumerate(text.splitlines()):
+    for count, line in enumerate(kernel_lines(text)):  # file names are users' text: the kernel escapes only '\n'
         if count >= MAX_MAPS_LINES:
             break
         parts = line.split(None, 5)
@@ -1434,22 +1511,6 @@ def parse_maps(text):
 def _read_bytes(path, limit):
     with open(path, 'rb') as handle:
         return handle.read(limit)
-
-
-def _sha256_of(path):
-    digest = hashlib.sha256()
-    read = 0
-    try:
-        with open(path, 'rb') as handle:
-            while read < MAX_HASH_BYTES:
-                block = handle.read(1024 * 1024)
-                if not block:
-                    return digest.hexdigest()
-                digest.update(block)
-                read += len(block)
-    except OSError:
-        return None
-    return None
 
 
 CONTAINER_CONFIGS = (
@@ -1488,13 +1549,17 @@ class FactsCollector(object):
 
     ``proc_root`` and ``root`` are test seams.  The environment of a process is read only when we
     are root or it is our own user's process; other users' maps, fds and exe need root as well,
-    and what could not be read is None (a note in the finding says so).
+    and what could not be read is None (a note in the finding says so).  ``exe_hashes``: the
+    exe_hash.ExeHashes that hashes executables for allowlist entries (the guard's keeps its
+    digests across ticks); default: a new one.
     """
 
-    def __init__(self, proc_root='/proc', root='/', history_path=None, allocation='auto', window_s=R.WINDOW_S):
+    def __init__(self, proc_root='/proc', root='/', history_path=None, allocation='auto', window_s=R.WINDOW_S,
+                 exe_hashes=None):
         if allocation not in ('auto', 'always', 'never'):
             raise InvalidArgument('require_allocation', allocation, 'expected auto, always or never')
         self.proc_root = proc_root
+        self.exe_hashes = exe_hashes if exe_hashes is not None else ExeHashes(proc_root=proc_root)
         self.root = root
         self.history_path = history_path
         self.allocation = allocation
@@ -1582,8 +1647,7 @@ class FactsCollector(object):
             facts.exe = os.readlink(os.path.join(base, 'exe'))
         except OSError:
             pass
-        exe_path = os.path.join(base, 'exe')
-        facts.sha256_fn = lambda: _sha256_of(exe_path)
+        facts.sha256_fn = lambda: self._sha256(proc, facts)
         if self.euid == 0 or (proc.uid is not None and proc.uid == self.euid):
             try:
                 facts.env = parse_environ(_read_bytes(os.path.join(base, 'environ'), MAX_ENV_BYTES))
@@ -1598,6 +1662,12 @@ class FactsCollector(object):
         facts.connections = self._connections(base, facts)
         facts.parents = self._parents(proc.ppid if proc.ppid is not None else self._ppid(base))
         return facts
+
+    def _sha256(self, proc, facts):
+        known = len(self.exe_hashes.notes)
+        digest = self.exe_hashes.sha256(proc.pid, proc.starttime)
+        facts.notes.extend(self.exe_hashes.notes[known:])
+        return digest
 
     def _same_process(self, base, starttime):
         if starttime is None:
@@ -1667,11 +1737,27 @@ class FactsCollector(object):
 
 
 # ---------------------------------------------------------------------------- entry points
-def detect_snapshot(snapshot, config=None, min_level='info', history_path=None, allocation='auto', collector=None):
+def detector_argument_spec():
+    """The module options that the detector is built from, in gpu_audit and in gpu_kill (rogue=true):
+    one definition, so that both read the same usage history and decide allocations alike.  Their
+    documentation is the doc fragment gpufleet.reclaim._attributes.ROGUE_DETECTOR."""
+    from .history import DEFAULT_PATH  # pylint: disable=import-outside-toplevel
+    return dict(require_allocation=dict(type='str', default='auto', choices=['auto', 'always', 'never']),
+                history_path=dict(type='path', default=DEFAULT_PATH))
+
+
+def detector_options(params):
+    """The keyword arguments of detect_snapshot and selector_detector that a module's parameters give."""
+    return {'history_path': params['history_path'], 'allocation': params['require_allocation']}
+
+
+def detect_snapshot(snapshot, config=None, min_level='info', history_path=None, allocation='auto', collector=None,
+                    exe_hashes=None):
     """(findings, warnings, evaluated) for a live snapshot."""
     config = config if config is not None else RogueConfig()
     if collector is None:
-        collector = FactsCollector(history_path=history_path, allocation=allocation, window_s=config.window_s)
+        collector = FactsCollector(history_path=history_path, allocation=allocation, window_s=config.window_s,
+                                   exe_hashes=exe_hashes)
     facts_list = collector.collect(snapshot)
     findings = Detector(config).detect(facts_list, min_level)
     return findings, list(config.warnings) + list(collector.warnings), len(facts_list)

@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 
-from .errors import InvalidArgument
+from .errors import InvalidArgument, MissingArgument
 from .snapshot import resolve_gpus
 from .units import parse_duration
 
@@ -180,8 +180,8 @@ class Selector(object):
         given = dict(pids=pids, users=users, name=name, cmdline=cmdline, min_used_mib=min_used_mib, idle_for=idle_for,
                      older_than=older_than, orphans=orphans, rogue=rogue, all_on_gpus=all_on_gpus)
         if not any(_given(value) for value in given.values()):
-            raise InvalidArgument('selectors', 'none', 'give at least one of %s; gpus and exclude_users only narrow a selection, '
-                                  'and all_on_gpus=true empties whole GPUs' % ', '.join(PRIMARY))
+            raise MissingArgument('selectors', 'no process is selected: give at least one of %s; gpus and exclude_users only narrow '
+                                  'a selection, and all_on_gpus=true empties whole GPUs' % ', '.join(PRIMARY))
         self.pids = None
         if pids:
             self.pids = set()

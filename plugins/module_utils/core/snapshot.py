@@ -20,7 +20,7 @@ from .backends import select
 from .backends.base import error_text
 from .errors import InvalidArgument
 from .model import GpuProcess
-from .processes import ProcessInventory, device_key
+from .processes import ProcessInventory, device_key, resolve_dev_roots
 
 # The first DRM render node minor: /dev/dri/renderD<128 + card minor>.
 DRM_RENDER_BASE = 128
@@ -30,7 +30,7 @@ class Snapshot(object):
     """The result of take_snapshot().  ``devices`` are the selected GPUs in host-wide index order."""
 
     def __init__(self, backends, devices, all_devices, processes, holders, taken_at, errors=None,
-                 fds_denied=0, gathered_processes=True, holders_scanned=None):
+                 fds_denied=0, gathered_processes=True, holders_scanned=None, unreadable=None):
         self.backends = backends              # OrderedDict vendor -> BackendStatus
         self.devices = devices                # selected Devices
         self.all_devices = all_devices        # every Device the backends returned
@@ -38,6 +38,7 @@ class Snapshot(object):
         self.holders = holders                # Holder, by pid
         self.taken_at = taken_at
         self.errors = list(errors or [])
+        self.unreadable = list(unreadable or [])  # GPUs whose device files exist but no backend reads (also in errors)
         self.fds_denied = fds_denied
         self.gathered_processes = gathered_processes
         self.holders_scanned = gathered_processes if holders_scanned is None else holders_scanned
@@ -160,6 +161,8 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
             all_devices.extend(devs)
     finally:
         selection.close()  # a GPU reset needs our own library session gone
+    unreadable = selection.unreadable(resolve_dev_roots(dev_roots))
+    errors.extend(unreadable)
     for index, dev in enumerate(all_devices):
         dev.index = index
 
@@ -208,7 +211,7 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
 
     return Snapshot(backends=selection.statuses, devices=selected, all_devices=all_devices, processes=processes,
                     holders=holders, taken_at=taken_at, errors=errors, fds_denied=fds_denied,
-                    gathered_processes=gather_processes, holders_scanned=holders_scanned)
+                    gathered_processes=gather_processes, holders_scanned=holders_scanned, unreadable=unreadable)
 
 
 def holder_scan_needed(devices):

@@ -46,10 +46,11 @@ def test_notifications_and_log_never_carry_the_environment_or_the_evidence(tmp_p
 def test_files_the_guard_writes_get_strict_modes(tmp_path):
     old = os.umask(0)                                            # the modes must not depend on the umask
     try:
-        os.makedirs(str(tmp_path / 'etc' / 'gpufleet'), mode=0o755)  # as the role makes it
+        os.mkdir(str(tmp_path / 'etc'), 0o755)                   # as the role makes it (makedirs would make
+        os.mkdir(str(tmp_path / 'etc' / 'gpufleet'), 0o755)      # etc 0777 under this umask: a refused tick)
         node = Node(tmp_path)
         node.paths.history = str(tmp_path / 'var' / 'lib' / 'gpufleet' / 'history.db')
-        node.tick()
+        assert node.tick()['rc'] == 0
     finally:
         os.umask(old)
 

@@ -64,7 +64,7 @@ def test_a_plain_http_webhook_is_refused_in_the_policy(url):
 def test_a_plain_http_webhook_is_refused_in_the_settings(tmp_path, url):
     with pytest.raises(InvalidArgument) as err:
         settings_with(tmp_path, url)
-    assert err.value.field.endswith('guard.yaml: webhook_url') and 's3cret' not in str(err.value)
+    assert err.value.field == 'webhook_url' and err.value.source.endswith('guard.yaml') and 's3cret' not in str(err.value)
     if url.startswith('http://') and 'port' not in url:
         assert err.value.value == notify.redact_url(url) and 'webhook_allow_http: true' in str(err.value)
 

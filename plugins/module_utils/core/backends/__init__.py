@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections import OrderedDict
 
 from ..errors import InvalidArgument
@@ -26,14 +28,36 @@ REGISTRY = OrderedDict([
 ])
 VENDORS = tuple(REGISTRY)
 VENDOR_CHOICES = ('auto',) + VENDORS
+# Device files whose presence says a vendor's GPUs are here, whatever its library says; and the
+# library a backend needs, for the warning when the files exist but the backend cannot read them.
+PRESENCE_FILES = OrderedDict([('nvidia', ('nvidiactl',)), ('amd', ('kfd',))])
+LIBRARIES = {'nvidia': 'nvidia-ml-py (imported as pynvml)', 'amd': 'amdsmi (shipped with ROCm)'}
 
 
 class Selection(object):
     """The outcome of select(): ``backends`` (probed, available, in vendor order) and ``statuses``."""
 
-    def __init__(self, backends, statuses):
+    def __init__(self, backends, statuses, requested=VENDORS):
         self.backends = backends
         self.statuses = statuses
+        self.requested = tuple(requested)
+
+    def unreadable(self, dev_roots):
+        """A warning for each requested vendor whose device files exist in ``dev_roots`` but whose
+        backend could not be used: such a node has GPUs that this run cannot see, which must never
+        read as a node without GPUs."""
+        found = []
+        for name, files in PRESENCE_FILES.items():
+            status = self.statuses.get(name)
+            if name not in self.requested or status is None or status.available:
+                continue
+            present = [os.path.join(root, f) for root in dev_roots for f in files if os.path.exists(os.path.join(root, f))]
+            if present:
+                found.append('%s GPU device files exist (%s) but the %s backend cannot read them: %s. This node\'s GPUs are '
+                             'missing from the result. Fix: install %s for %s, or run the gpufleet.reclaim.prereqs role '
+                             '(the modules then re-run under the interpreter it records in /etc/gpufleet/python)'
+                             % (name, ', '.join(present), name, status.error, LIBRARIES[name], sys.executable))
+        return found
 
     def close(self):
         for backend in self.backends:
@@ -77,8 +101,8 @@ def select(vendor='auto', factories=None):
             backends.append(backend)
         else:
             backend.close()
-    return Selection(backends, statuses)
+    return Selection(backends, statuses, VENDORS if vendor == 'auto' else (vendor,))
 
 
-__all__ = ['Backend', 'REGISTRY', 'VENDORS', 'VENDOR_CHOICES', 'Selection', 'select',
+__all__ = ['Backend', 'REGISTRY', 'VENDORS', 'PRESENCE_FILES', 'VENDOR_CHOICES', 'Selection', 'select',
            'NvidiaBackend', 'AmdBackend', 'IntelBackend', 'AppleBackend']

@@ -31,6 +31,8 @@ test "$(recap "$FLEET_DIR/check2.out")" = 3
 ansible-playbook "${INV[@]}" enforce.yml "$@"
 # 6. a bad policy fails the play and leaves the old one in force
 ansible-playbook "${INV[@]}" bad_policy.yml "$@"
+# 6b. a policy given as TOML text goes to policy.toml, which the agent reads; a mapping again goes back to policy.yaml
+ansible-playbook "${INV[@]}" toml_policy.yml "$@"
 # 7. state=absent leaves nothing behind (and is idempotent)
 ansible-playbook "${INV[@]}" apply.yml -e '{"gpu_guard_state": "absent", "gpu_guard_purge_logs": true}' "$@" | tee "$FLEET_DIR/absent.out"
 test "$(recap "$FLEET_DIR/absent.out")" = 0
@@ -40,6 +42,6 @@ ansible-playbook "${INV[@]}" absent_check.yml "$@"
 # the files themselves, seen from the host (each node's private paths are under nodes/NODE/fs)
 for node in node01 node02 node03; do
   left="$(cd "$FLEET_DIR/nodes/$node/fs" && find etc/gpufleet var/lib/gpufleet var/log/gpufleet opt/gpufleet etc/systemd/system \
-          etc/cron.d etc/logrotate.d var/lib/node_exporter \( -type f -o -type l \) 2>/dev/null || true)"
+          etc/cron.d etc/logrotate.d var/lib/node_exporter \( -type f -o -type l \) ! -path etc/gpufleet/python 2>/dev/null || true)"
   test -z "$left" || { echo "left behind on $node: $left"; exit 1; }
 done

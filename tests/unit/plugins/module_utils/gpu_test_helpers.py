@@ -451,10 +451,11 @@ def run_reclaim_as(user, state_path, selector, options, dev_roots, check_mode=Fa
 COLLECTIONS_DIR = os.path.abspath(os.path.join(MODULE_UTILS_DIR, '..', '..', '..', '..', '..'))
 # ``python -c MODULE_RUNNER COLLECTIONS_DIR DEV_ROOT TARGET ARGS...``: TARGET is a module name (ARGS: its
 # arguments file, as Ansible runs it) or gpufleet-guard (ARGS: the command line); the device root is
-# DEV_ROOT.  A Python audit hook records every /proc/PID/environ opened and every os.kill; the list
-# is written to stderr at exit (module_runner_events reads it back).
+# DEV_ROOT.  A Python audit hook records every /proc/PID/environ opened and every os.kill (and every
+# signal sent through a pidfd, recorded as an os.kill of the pid the pidfd names); the list is
+# written to stderr at exit (module_runner_events reads it back).
 MODULE_RUNNER = r'''
-import atexit, json, os, runpy, sys
+import atexit, json, os, runpy, signal, sys
 seen = []
 
 
@@ -468,6 +469,21 @@ def hook(event, args):
 
 
 sys.addaudithook(hook)
+# The killer signals through a pidfd where it can (signal.pidfd_send_signal has no audit event):
+# remember which pid each pidfd names and record its signals as os.kill events.
+if hasattr(os, 'pidfd_open') and hasattr(signal, 'pidfd_send_signal'):
+    _pidfds, _open_pidfd, _send = {}, os.pidfd_open, signal.pidfd_send_signal
+
+    def _pidfd_open(pid, *args):
+        fd = _open_pidfd(pid, *args)
+        _pidfds[fd] = pid
+        return fd
+
+    def _pidfd_send_signal(fd, sig, *args):
+        seen.append(['os.kill', _pidfds.get(fd, -1), int(sig)])
+        return _send(fd, sig, *args)
+
+    os.pidfd_open, signal.pidfd_send_signal = _pidfd_open, _pidfd_send_signal
 atexit.register(lambda: sys.stderr.write('\nAUDIT %s\n' % json.dumps(seen)))
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes

@@ -75,3 +75,18 @@ def pids(violations, rule=None):
 
 def rules(violations):
     return sorted(v.rule for v in violations)
+
+
+# Hostile documents for the loaders' limits (policy.MAX_NESTING, policy.MAX_ALIAS_NODES)
+DEEP_TOML = '.'.join(['a'] * 1000) + ' = 1\n'      # 2 KB: 1,000 nested tables from dotted keys
+TOO_DEEP = 'mappings and lists nested more than 32 levels deep (the limit)'
+TOO_MANY_ALIASED = 'aliases expand to more than 100000 nodes (the limit)'
+BOMB_LINE = 6                                       # the line whose aliases pass the limit
+
+
+def billion_laughs(levels=9):
+    """The classic YAML alias bomb (a few hundred bytes): 9**levels strings once every alias is expanded."""
+    lines = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for level in range(1, levels):
+        lines.append('l%d: &l%d [%s]' % (level, level, ','.join(['*l%d' % (level - 1)] * 9)))
+    return '\n'.join(lines) + '\n'

@@ -14,9 +14,10 @@ import sys
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import core as core_pkg
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli, guard
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, cli, guard
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import snapshot as snapshot_mod
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import GIB, proc, snapshot
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
+    BOMB_LINE, DEEP_TOML, GIB, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs, proc, snapshot)
 
 MODULE_UTILS = os.path.dirname(os.path.dirname(os.path.abspath(core_pkg.__file__)))
 GOOD = 'mode: enforce\nusers: {alice: {max_mem_gib_per_gpu: 8}}\nescalation: {act_after: 1h}\nnotify: {tty: false}\n'
@@ -70,11 +71,97 @@ def test_check_config_valid_and_invalid(tmp_path):
     assert report['errors'][0]['file'] == str(bad)
 
 
+def check_config(path, text, capsys, *extra):
+    path.write_text(text)
+    rc, out = run(['check-config', str(path)] + list(extra))
+    return rc, out, capsys.readouterr().err
+
+
+def test_check_config_reports_every_error_of_a_mapping_with_its_line(tmp_path, capsys):
+    path = tmp_path / 'policy.yaml'
+    rc, _out, err = check_config(path, 'mode: warn\ndefaults: {max_mem_gib_total: -4, max_gpus: -1, max_procs: -3}\n', capsys)
+    assert rc == 1 and err.splitlines() == [
+        '%s:2: defaults.max_mem_gib_total: invalid value -4: a size must be a finite number, 0 or more' % path,
+        '%s:2: defaults.max_gpus: invalid value -1: expected a whole number, 0 or more' % path,
+        '%s:2: defaults.max_procs: invalid value -3: expected a whole number, 0 or more' % path]
+    rc, _out, err = check_config(path, 'defaults:\n  max_gpus: -1\n  colour: red\nescalation:\n  act_after: soon\n'
+                                       '  warnings: -2\n  sigkill_after: 90000d\n', capsys)
+    lines = err.splitlines()
+    assert rc == 1 and lines[0] == '%s:2: defaults.max_gpus: invalid value -1: expected a whole number, 0 or more' % path
+    assert lines[1].startswith("%s:3: defaults.colour: invalid value 'red': unknown key; expected one of " % path)
+    assert [line.split(': ')[1] for line in lines[2:]] == ['escalation.act_after', 'escalation.warnings']
+    assert lines[2].startswith('%s:5: ' % path) and lines[3].startswith('%s:6: ' % path)
+    rc, out, _err = check_config(path, 'defaults:\n  max_gpus: -1\n  colour: red\n', capsys, '--json')
+    assert rc == 1 and json.loads(out)['errors'] == [
+        {'file': str(path), 'line': 2, 'path': 'defaults.max_gpus', 'value': '-1', 'why': 'expected a whole number, 0 or more'},
+        {'file': str(path), 'line': 3, 'path': 'defaults.colour', 'value': "'red'",
+         'why': json.loads(out)['errors'][1]['why']}]
+
+
+@pytest.mark.parametrize('name, text, message', [
+    ('policy.yaml', 'mode: warn\nusers:\n  alice: max_gpus: 1\n',
+     'line 3, column 18: YAML syntax error: mapping values are not allowed here'),
+    ('policy.yml', 'users: {alice: {max_gpus: 1}}\nusers: {}\n',
+     "line 2, column 1: YAML syntax error: duplicate key 'users' (also on line 1)"),
+    ('policy.json', '{"max_gpus": 1,}', 'line 1, column 16: JSON syntax error: '),
+    ('policy.json', '{"mode": "warn", "mode": "enforce"}', "invalid JSON: duplicate key 'mode'"),
+    ('policy.json', 'mode: warn\n', 'line 1, column 1: JSON syntax error: Expecting value'),
+    ('policy.toml', 'mode = "warn"\nmode = "enforce"\n', 'line 2, column 17: TOML syntax error: Cannot overwrite a value'),
+    ('policy.toml', 'mode: warn\n', "line 1, column 5: TOML syntax error: Expected '=' after a key in a key/value pair"),
+], ids=['yaml', 'yaml-duplicate', 'json-trailing-comma', 'json-duplicate', 'yaml-in-json', 'toml', 'yaml-in-toml'])
+def test_check_config_syntax_errors_are_the_format_of_the_extension(tmp_path, capsys, name, text, message):
+    path = tmp_path / name
+    rc, _out, err = check_config(path, text, capsys)
+    assert rc == 1 and err.startswith('%s: %s' % (path, message)) and err.count('\n') == 1, err
+    assert 'invalid value' not in err and 'neither' not in err
+
+
+def test_check_config_sniffs_only_unnamed_input(monkeypatch, capsys):
+    for text, rc in ((b'[global]\ndry_run = true\n', 0), (b'{"mode": "warn",}', 0), (b'mode = "warn"\n', 0),
+                     (b'mode: warn\nusers:\n  alice: max_gpus: 1\n', 1)):
+        monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(text)))
+        assert run(['check-config', '-'])[0] == rc, text
+    assert capsys.readouterr().err == '<stdin>: line 3, column 18: YAML syntax error: mapping values are not allowed here\n'
+
+
+def test_check_config_json_names_the_syntax_it_read(monkeypatch, tmp_path):
+    """The guard role names the policy file after this (policy.toml for a TOML text given as a string)."""
+    for text, syntax in ((b'[global]\ndry_run = true\n', 'toml'), (b'mode: warn\n', 'yaml'), (b'{"mode": "warn"}', 'yaml')):
+        monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(text)))
+        rc, out = run(['check-config', '--json', '-'])
+        assert rc == 0 and json.loads(out)['syntax'] == syntax, text
+    path = tmp_path / 'p.json'
+    path.write_text('{"mode": "warn"}')
+    assert json.loads(run(['check-config', '--json', str(path)])[1])['syntax'] == 'json'
+
+
+def test_check_config_missing_file_is_one_plain_line(tmp_path, capsys):
+    path = tmp_path / 'etc' / 'policy.yaml'
+    rc, _out = run(['check-config', str(path)])
+    assert rc == 1 and capsys.readouterr().err == '%s: cannot read the policy: No such file or directory\n' % path
+    rc, out = run(['check-config', str(path), '--json'])
+    assert json.loads(out)['errors'] == [{'file': str(path), 'path': '', 'value': None,
+                                          'why': 'cannot read the policy: No such file or directory'}]
+
+
 def test_check_config_reports_expired_exemptions_and_notes(tmp_path):
     path = tmp_path / 'p.yaml'
     path.write_text('exemptions: [{match: {slurm_job: 1}, expires: 2001-01-01}]\n')
     rc, out = run(['check-config', str(path)])
     assert rc == 0 and 'expired on 2001-01-02' in out
+
+
+def test_check_config_refuses_deep_nesting_and_alias_bombs_cleanly(tmp_path, capsys):
+    deep = tmp_path / 'deep.toml'
+    deep.write_text(DEEP_TOML)
+    rc, _out = run(['check-config', str(deep)])
+    assert rc == 1 and capsys.readouterr().err == '%s: %s\n' % (deep, TOO_DEEP)
+    rc, out = run(['check-config', str(deep), '--json'])
+    assert rc == 1 and json.loads(out)['errors'][0]['why'] == TOO_DEEP
+    bomb = tmp_path / 'bomb.yaml'
+    bomb.write_text(billion_laughs())
+    rc, _out = run(['check-config', str(bomb)])
+    assert rc == 1 and 'line %d: %s' % (BOMB_LINE, TOO_MANY_ALIASED) in capsys.readouterr().err
 
 
 def test_check_config_reads_stdin(monkeypatch):
@@ -110,6 +197,22 @@ def test_verify_log_finds_tampering(root, fake_host):
     assert rc == 1 and 'BROKEN' in out
     rc, out = run(['verify-log', log, '--json'])
     assert json.loads(out)['valid'] is False
+
+
+def test_verify_log_accepts_actions_over_pids_9_and_10(tmp_path):
+    """One action over pids whose numeric and text order differ (9/10, 999/1000) is not reported as edited."""
+    log = str(tmp_path / 'guard.jsonl')
+    for pids in ((9, 10), (999, 1000)):
+        audit_log.append(log, {'event': 'guard_decision', 'decision': 'act', 'pids': list(pids), 'outcome': {
+            'result': 'done', 'signal': 'SIGTERM', 'pids': dict((pid, {'outcome': 'killed', 'signals': ['SIGTERM']}) for pid in pids)}})
+    rc, out = run(['verify-log', log])
+    assert rc == 0 and out == '%s: chain valid, 2 line(s)\n' % log
+    with open(log) as handle:
+        text = handle.read()
+    with open(log, 'w') as handle:
+        handle.write(text.replace('"999":{"outcome":"killed"', '"999":{"outcome":"failed"'))
+    rc, out = run(['verify-log', log])
+    assert rc == 1 and 'line 2: line content does not match its hash (edited)' in out
 
 
 def test_tick_with_an_invalid_policy_fails(root, fake_host, capsys):

@@ -248,12 +248,12 @@ def test_a_tick_killed_during_the_state_write_leaves_the_old_state(tmp_path, whe
             os.kill(os.getpid(), signal.SIGKILL)   # this forked copy ends itself, nothing else
         real = getattr(os, where)
 
-        def hook(*args):
+        def hook(*args, **kwargs):     # the rename is relative to the directory's descriptor (dir_fd keywords)
             first = args[0]
             if (where == 'rename' and os.path.basename(str(first)).startswith('.state.json.')) or \
                     (where == 'fsync' and os.path.basename(os.readlink('/proc/self/fd/%d' % first)).startswith('.state.json.')):
                 die()
-            return real(*args)
+            return real(*args, **kwargs)
         setattr(os, where, hook)
         node.tick(300)
         return 0

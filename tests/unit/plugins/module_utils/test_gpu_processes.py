@@ -30,8 +30,10 @@ CGROUP_CASES = [
     ('k8s-cgroupfs-v1', '11:devices:/kubepods/burstable/pod%s/%s\n4:memory:/kubepods/burstable/pod%s/%s\n'
      % (POD, CID, POD, CID), CID, None, POD, None),
     ('k8s-guaranteed-v1', '3:cpuset:/kubepods/pod%s/%s\n' % (POD, CID), CID, None, POD, None),
-    ('podman-v2', '0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container\n' % CID,
-     CID, 'podman', None, None),
+    # rootless podman: the user's own systemd manager made that cgroup, so it names nothing (issue #15)
+    ('podman-rootless-v2', '0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-%s.scope/container\n' % CID,
+     None, None, None, None),
+    ('podman-v2', '0::/machine.slice/libpod-%s.scope/container\n' % CID, CID, 'podman', None, None),
     ('nerdctl-v2', '0::/system.slice/nerdctl-%s.scope\n' % CID, CID, 'containerd', None, None),
     ('slurm-v1', '10:devices:/slurm/uid_1000/job_4242/step_0/task_0\n4:memory:/slurm/uid_1000/job_4242/step_0\n',
      None, None, None, '4242'),
@@ -117,14 +119,15 @@ def fake_proc():
     shutil.rmtree(root, ignore_errors=True)
 
 
-def test_inventory_from_a_fixture_proc_tree(fake_proc):
+def test_inventory_from_a_fixture_proc_tree(fake_proc, tmp_path):
     fake_proc(100, fds=['/dev/nvidia0', '/dev/nvidiactl', '/dev/null', 'pipe:[1]'],
               cgroup='0::/system.slice/docker-%s.scope\n' % CID)
     fake_proc(101, comm='worker', ppid=100, fds=['/dev/nvidia0'], cgroup='0::/slurm/uid_0/job_99/step_0\n')
     fake_proc(102, comm='bash', fds=['/dev/pts/0'])
     fake_proc(103, comm='zombie', state='Z', fds=[], cmdline=())
     fake_proc(104, comm='nvidia-smi', fds=['/dev/nvidiactl'])
-    inv = P.ProcessInventory(proc_root=fake_proc.proc, exclude_pids=[104])
+    # no cgroup file system there: only the structural rule applies (test_cgroup_trust.py tests the owners)
+    inv = P.ProcessInventory(proc_root=fake_proc.proc, exclude_pids=[104], cgroup_root=str(tmp_path / 'none'))
     assert inv.use_psutil is False
     result = inv.scan([100, 103, 555])
     assert result.fd_holders == {100: ['/dev/nvidia0', '/dev/nvidiactl'], 101: ['/dev/nvidia0']}

@@ -23,7 +23,8 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
-    GIB, Clock, proc, snapshot)
+    DEEP_TOML, GIB, TOO_DEEP, TOO_MANY_ALIASED, Clock, billion_laughs, proc, snapshot)
+from ansible_collections.gpufleet.reclaim.tests.unit.security import redteam
 
 POLICY = '''
 mode: %s
@@ -92,6 +93,60 @@ def test_warn_then_warn_again_then_act_after_the_grace(tmp_path):
     assert [r['decision'] for r in log] == ['warn', 'warn', 'act', 'act', 'clear']
     assert all(r['event'] == 'guard_decision' and r['mode'] == 'dry-run' for r in log)
     assert audit_log.verify(node.paths.log)['valid']
+
+
+OVER = [proc(1, 'alice', {0: 12 * GIB})]
+UNDER = [proc(1, 'alice', {0: 6 * GIB})]
+
+
+def test_single_ticks_under_the_limit_do_not_restart_the_escalation(tmp_path):
+    """Over the limit on 4 ticks of 5 (30 s apart), under it on the 5th: warned, warned again, acted on after the grace."""
+    node = Node(tmp_path)
+    seen = []
+    for index in range(21):
+        node.snap = snapshot(UNDER if index % 5 == 4 else OVER)
+        seen.extend((index * 30, decision) for decision in decisions(node.tick(30 if index else 0)))
+    assert seen == [(0, ('warn', 'max_mem_per_gpu', 1)), (300, ('warn', 'max_mem_per_gpu', 2)), (600, ('act', 'max_mem_per_gpu', 2))]
+    assert 'clear' not in [r['decision'] for r in node.log()]
+
+
+def test_a_violation_clears_once_it_stayed_away_for_clear_after(tmp_path):
+    node = Node(tmp_path, policy=(POLICY % 'dry-run').replace('retry_after: 5m}', 'retry_after: 5m, clear_after: 2m}'))
+    node.snap = snapshot(OVER)
+    assert decisions(node.tick()) == [('warn', 'max_mem_per_gpu', 1)]
+    node.snap = snapshot(UNDER)
+    assert decisions(node.tick(30)) == []                                     # away since 30 s
+    [(key, entry)] = node.state()['violations'].items()
+    assert entry['gone_since'] == node.clock.now and entry['warnings'] == 1   # kept, with its escalation
+    assert decisions(node.tick(60)) == []                                     # away for 60 s
+    node.snap = snapshot(OVER)
+    assert decisions(node.tick(60)) == []                                     # back after 2 ticks: no new first warning
+    assert 'gone_since' not in node.state()['violations'][key]
+    node.snap = snapshot(UNDER)
+    assert decisions(node.tick(30)) == []                                     # away again, the clock starts again
+    assert decisions(node.tick(119)) == []                                    # 119 s away
+    assert decisions(node.tick(1)) == [('clear', 'max_mem_per_gpu', None)]   # 120 s away: cleared
+    assert node.state()['violations'] == {}
+    node.snap = snapshot(OVER)
+    assert decisions(node.tick(30)) == [('warn', 'max_mem_per_gpu', 1)]      # a new violation starts from its first warning
+    assert [r['decision'] for r in node.log()] == ['warn', 'clear', 'warn']
+
+
+@pytest.mark.parametrize('policy,cleared_after', [
+    ((POLICY % 'dry-run').replace('retry_after: 5m}', 'retry_after: 5m, clear_after: 0s}'), 30),   # 0: at the first tick away
+    (POLICY % 'dry-run', 90),                                                                      # the default, 60 s
+])
+def test_clear_after_zero_and_default(tmp_path, policy, cleared_after):
+    node = Node(tmp_path, policy=policy)
+    node.snap = snapshot(OVER)
+    node.tick()
+    start = node.clock.now
+    node.snap = snapshot(UNDER)
+    cleared = []
+    for _tick in range(6):
+        if decisions(node.tick(30)) == [('clear', 'max_mem_per_gpu', None)]:
+            cleared.append(node.clock.now - start)
+    assert cleared == [cleared_after]
 
 
 def test_a_late_first_tick_still_warns_before_it_acts(tmp_path):
@@ -196,6 +251,26 @@ def test_an_invalid_policy_decides_nothing_and_is_logged(tmp_path):
         assert 'gpufleet_guard_policy_valid 0' in handle.read()
 
 
+@pytest.mark.parametrize('text,why', [
+    (DEEP_TOML, TOO_DEEP),                      # 2 KB of TOML
+    (billion_laughs(), TOO_MANY_ALIASED),       # a few hundred bytes of YAML
+], ids=['toml-nesting', 'yaml-alias-bomb'])
+def test_a_policy_past_the_document_limits_is_logged_and_alerts(tmp_path, text, why):
+    """Not an uncaught RecursionError (or minutes of alias expansion): the invalid-policy record and policy_valid 0."""
+    node = Node(tmp_path)
+    node.tick()
+    if text == DEEP_TOML:
+        node.paths.policy = node.paths.policy[:-len('.yaml')] + '.toml'  # the extension names the format
+    node.write_policy(text)
+    summary = node.tick(60)
+    assert summary['rc'] == 1 and why in summary['error'] and 'decisions' not in summary
+    record = node.log()[-1]
+    assert record['event'] == 'guard_policy_invalid' and why in record['error']
+    with open(node.paths.metrics) as handle:
+        assert 'gpufleet_guard_policy_valid 0' in handle.read()
+    assert audit_log.verify(node.paths.log)['valid']
+
+
 @pytest.mark.parametrize('target,mode,words', [
     ('policy', 0o666, 'writable by group and others'),
     ('policy', 0o664, 'writable by its group'),
@@ -218,13 +293,37 @@ def test_untrusted_inputs_are_refused(tmp_path, target, mode, words):
     assert node.tick(1)['rc'] == 0
 
 
-def test_inputs_owned_by_another_user_are_refused(tmp_path):
-    node = Node(tmp_path)
-    problems = guard.untrusted_inputs(node.paths, euid=os.geteuid() + 4242 if os.geteuid() else 4242)
-    if os.geteuid() == 0:
-        assert problems == []           # root owns them, and root is always trusted
-    else:
+@pytest.mark.parametrize('target,words', [
+    ('policy', 'the policy file'),
+    ('settings', 'the settings file'),
+    ('policy_dir', 'the policy directory'),
+    ('state_dir', 'the state directory'),
+    ('root_dir', 'above the policy file'),
+])
+def test_inputs_owned_by_another_user_are_refused(tmp_path, target, words):
+    node = Node(tmp_path, policy=POLICY % 'enforce')
+    with open(node.paths.settings, 'w') as handle:
+        handle.write('{}\n')
+    os.chmod(node.paths.settings, 0o600)
+    node.tick()
+    path = {'policy': node.paths.policy, 'settings': node.paths.settings, 'policy_dir': os.path.dirname(node.paths.policy),
+            'state_dir': os.path.dirname(node.paths.state), 'root_dir': str(tmp_path / 'etc')}[target]
+    if os.geteuid() != 0:
+        # only root can give a file away: the same check, told that the agent runs as someone else
+        problems = guard.untrusted_inputs(node.paths, euid=os.geteuid() + 4242)
         assert problems and 'owned by uid %d' % os.geteuid() in problems[0]
+        return
+    uid = redteam.ensure_users(('alice',))['alice']
+    os.chown(path, uid, -1)         # as root: really owned by another user (a fresh CI machine runs this branch)
+    before = node.state()
+    summary = node.tick(3600)       # the grace has long passed: a trusted tick would act now
+    assert summary['rc'] == 1 and 'refusing to act on untrusted input' in summary['error'], summary
+    assert words in summary['error'] and 'owned by uid %d, not by root' % uid in summary['error']
+    assert 'decisions' not in summary
+    assert node.log()[-1]['event'] == 'guard_untrusted_input'
+    assert node.state() == before   # nothing decided, nothing written
+    os.chown(path, 0, -1)
+    assert node.tick(1)['rc'] == 0
     assert guard.untrusted_inputs(guard.Paths(root=str(tmp_path / 'nothing-here'))) == []
 
 
@@ -295,9 +394,34 @@ def test_settings_file(tmp_path):
     assert paths.metrics == '/srv/m.prom' and paths.history is None
     assert settings.webhook_url == 'https://h.example/x' and settings.webhook_timeout == 3.0
     with open(paths.settings, 'w') as handle:
-        handle.write('colour: blue\n')
-    with pytest.raises(guard.InvalidArgument):
+        handle.write('policy_path: /etc/gpufleet/policy.toml\n')
+    guard.load_settings(paths.settings, paths)
+    assert paths.policy == '/etc/gpufleet/policy.toml'              # the role names a TOML policy's file
+    with open(paths.settings, 'w') as handle:
+        handle.write('policy_path: ""\n')
+    with pytest.raises(guard.InvalidArgument) as info:
         guard.load_settings(paths.settings, paths)
+    assert 'the policy cannot be turned off' in str(info.value)
+    with open(paths.settings, 'w') as handle:
+        handle.write('colour: blue\nvendor: ati\nmetrics_path: rel/m.prom\nrelease_timeout: -1\n')
+    with pytest.raises(guard.InvalidArgument) as info:
+        guard.load_settings(paths.settings, paths)
+    assert str(info.value).splitlines() == [                 # every bad setting, with its line and value
+        "%s:1: colour: invalid value 'blue': unknown setting; expected one of %s" % (paths.settings, ', '.join(guard.SETTINGS_KEYS)),
+        "%s:2: vendor: invalid value 'ati': expected auto, nvidia, amd, intel or apple" % paths.settings,
+        "%s:3: metrics_path: invalid value 'rel/m.prom': expected an absolute path (or an empty value to turn it off)" % paths.settings,
+        "%s:4: release_timeout: invalid value -1: expected a positive number" % paths.settings]
+    with open(paths.settings, 'w') as handle:
+        handle.write('vendor: [nvidia\n')
+    with pytest.raises(guard.InvalidArgument) as info:
+        guard.load_settings(paths.settings, paths)
+    assert str(info.value).startswith('%s: line 2, column 1: YAML syntax error: ' % paths.settings) and info.value.field == 'settings'
+    for text, why in (('vendor: ' + '[' * 40 + ']' * 40 + '\n', TOO_DEEP), (billion_laughs(), TOO_MANY_ALIASED)):
+        with open(paths.settings, 'w') as handle:
+            handle.write(text)
+        with pytest.raises(guard.InvalidArgument) as info:
+            guard.load_settings(paths.settings, paths)
+        assert info.value.field == 'settings' and why in info.value.why
 
 
 # ============================================================================ notifications
@@ -435,12 +559,7 @@ needs_sim = pytest.mark.skipif(h.shim_path() is None or h.gpusim_path() is None,
 def test_enforce_kills_the_offender_after_the_grace_and_spares_the_rest(tmp_path):
     if os.geteuid() != 0:
         pytest.skip('spawning workloads as other users needs root')
-    for user in ('alice', 'bob'):
-        try:
-            import pwd  # pylint: disable=import-outside-toplevel
-            pwd.getpwnam(user)
-        except KeyError:
-            pytest.skip('user %s does not exist' % user)
+    redteam.ensure_users(('alice', 'bob'))      # a fresh machine has them only once the integration targets ran
     with h.gpusim_node(gpus=2) as node:
         big = node.spawn(gpu=0, mib=12 * GIB, argv=('python', 'big.py'), user='alice')
         small = node.spawn(gpu=0, mib=6 * GIB, argv=('python', 'small.py'), user='alice')

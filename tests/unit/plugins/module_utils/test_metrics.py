@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import metrics
@@ -60,15 +58,6 @@ def test_unknown_values_are_left_out_and_specials_render():
     assert metrics._number(None) is None
     assert metrics._number(float('nan')) == 'NaN' and metrics._number(float('inf')) == '+Inf'
     assert metrics._number(True) == '1'
-
-
-def test_write_atomic_replaces_and_leaves_no_temp_files(tmp_path):
-    path = tmp_path / 'tc' / 'gpufleet.prom'
-    metrics.write_atomic(str(path), 'a 1\n')
-    metrics.write_atomic(str(path), 'a 2\n')
-    assert path.read_text() == 'a 2\n'
-    assert os.listdir(str(path.parent)) == ['gpufleet.prom']
-    assert oct(os.stat(str(path)).st_mode & 0o777) == '0o644'
 
 
 def test_policy_error_metrics_without_a_snapshot():

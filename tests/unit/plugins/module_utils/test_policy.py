@@ -10,10 +10,10 @@ import json
 
 import pytest
 
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import identity as I
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import toml_lite
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
-    GIB, MONDAY_NOON, pids, proc, rules, snapshot)
+    BOMB_LINE, DEEP_TOML, GIB, MONDAY_NOON, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs, pids, proc, rules, snapshot)
 
 NO_GROUPS = P.Context(groups={})
 
@@ -48,8 +48,9 @@ def test_empty_policy_is_dry_run_and_finds_nothing():
 def test_errors_name_the_file_the_path_and_the_value():
     exc = errors_of('users:\n  alice:\n    max_gpus: -1\nmode: sometimes\n', '/etc/gpufleet/policy.yaml')
     text = str(exc)
-    assert "/etc/gpufleet/policy.yaml: users.alice.max_gpus: invalid value -1" in text
-    assert "/etc/gpufleet/policy.yaml: mode: invalid value 'sometimes': expected one of dry-run, warn or enforce" in text
+    assert "/etc/gpufleet/policy.yaml:3: users.alice.max_gpus: invalid value -1" in text          # the line of the key
+    assert "/etc/gpufleet/policy.yaml:4: mode: invalid value 'sometimes': expected one of dry-run, warn or enforce" in text
+    assert text.index('policy.yaml:3:') < text.index('policy.yaml:4:')                            # in the order of the file
     assert ('users.alice.max_gpus', -1) in [(p, v) for p, v, _w in exc.errors]
 
 
@@ -79,6 +80,9 @@ def test_errors_name_the_file_the_path_and_the_value():
     ('notify: {webhook: {url: "ftp://x"}}', 'notify.webhook.url', 'http'),
     ('escalation: {warn_again_after: 20m, act_after: 10m}', 'escalation.warn_again_after', 'before the action'),
     ('escalation: [{after: 0, action: warn}]', 'escalation.steps', 'the last step acts'),
+    ('escalation: {clear_after: 90}', 'escalation.clear_after', 'write a unit'),
+    ('escalation: {clear_after: soon}', 'escalation.clear_after', 'expected a duration'),
+    ('escalation: {clear_after: -1m}', 'escalation.clear_after', 'expected a duration'),
     ('gpus: {"7-3": {reserved_for: [alice]}}', 'gpus.7-3', 'range'),
     ('gpus: {"0": {reserved_for: ["@nobody"]}}', 'gpus.0.reserved_for', 'no such list'),
     ('groups: {phd: {members: [a], unix_group: phd}}', 'groups.phd', 'not both'),
@@ -98,6 +102,92 @@ def test_duplicate_yaml_keys_are_an_error():
     assert 'duplicate key' in str(exc) and 'alice' in str(exc)
 
 
+# ---------------------------------------------------------------------------- document limits (nesting, alias bombs)
+def nested_yaml(levels):
+    """A block mapping ``levels`` deep: a:\n  a:\n ... a: 1 (``{a: 1}`` is one level)."""
+    return ''.join('  ' * i + 'a:\n' for i in range(levels - 1)) + '  ' * (levels - 1) + 'a: 1\n'
+
+
+@pytest.mark.parametrize('text, source', [
+    (DEEP_TOML, 'policy.toml'),
+    (DEEP_TOML, '<stdin>'),                                       # unnamed: sniffed as TOML
+    ('[%s]\nx = 1\n' % '.'.join(['t'] * 40), 'policy.toml'),   # a TOML table header
+    ('x = ' + '[' * 40 + ']' * 40 + '\n', 'policy.toml'),        # TOML arrays
+    ('x = ' + '{a = ' * 2000 + '1' + '}' * 2000 + '\n', 'policy.toml'),  # TOML inline tables (the parser recurses)
+    (nested_yaml(P.MAX_NESTING + 1), 'policy.yaml'),
+    ('[' * 5000 + ']' * 5000, 'policy.yaml'),                     # YAML flow (and JSON) sequences
+    ('{"a": ' * 5000 + '1' + '}' * 5000, 'policy.yaml'),
+    ('{"a": ' * 5000 + '1' + '}' * 5000, 'policy.json'),
+], ids=['toml-dotted-keys', 'toml-sniffed', 'toml-table', 'toml-arrays', 'toml-inline-tables', 'yaml-block', 'yaml-flow',
+        'json-as-yaml', 'json'])
+def test_nesting_past_the_limit_is_a_clean_policy_error(text, source):
+    exc = errors_of(text, source)
+    assert exc.errors == [('', None, exc.errors[0][2])] and TOO_DEEP in exc.errors[0][2]
+    assert TOO_DEEP in str(exc) and str(exc).startswith(source + ': ')
+
+
+def test_nesting_past_the_limit_without_pyyaml(monkeypatch):
+    monkeypatch.setattr(P, 'yaml_module', lambda: None)            # JSON only
+    for text in ('{"a": ' * 5000 + '1' + '}' * 5000, '[' * 100000 + ']' * 100000):
+        assert TOO_DEEP in str(errors_of(text))
+
+
+def test_nesting_up_to_the_limit_is_read():
+    assert load('metadata:\n' + ''.join('  ' * (i + 1) + 'a:\n' for i in range(P.MAX_NESTING - 2))
+                + '  ' * P.MAX_NESTING + 'a: 1\n').mode == 'dry-run'                  # 32 levels, metadata included
+    assert P.read_document(nested_yaml(P.MAX_NESTING)) is not None
+    with pytest.raises(P.PolicyError):
+        P.read_document(nested_yaml(P.MAX_NESTING + 1))
+
+
+def test_a_deep_mapping_from_gpu_audit_is_refused_too():
+    """gpu_audit's policy= may be a mapping: it is validated by the same parse_policy."""
+    data = 1
+    for _level in range(3000):
+        data = {'metadata': data}
+    with pytest.raises(P.PolicyError) as info:
+        P.parse_policy(data, 'policy')
+    assert TOO_DEEP in str(info.value)
+
+
+def test_yaml_alias_bomb_is_refused_while_composing():
+    assert TOO_DEEP == 'mappings and lists nested more than %d levels deep (the limit)' % P.MAX_NESTING
+    assert TOO_MANY_ALIASED == 'aliases expand to more than %d nodes (the limit)' % P.MAX_ALIAS_NODES
+    exc = errors_of(billion_laughs())
+    assert 'line %d: %s' % (BOMB_LINE, TOO_MANY_ALIASED) in str(exc)
+    loader = P.yaml_loader()(billion_laughs())
+    try:
+        with pytest.raises(P.DocumentLimitError) as info:
+            loader.get_single_node()
+        assert info.value.line == BOMB_LINE and len(loader.extents) < 100     # refused after ~60 composed nodes, not 9**9
+        assert loader.alias_nodes <= P.MAX_ALIAS_NODES + 9 ** 6
+    finally:
+        loader.dispose()
+
+
+def test_aliases_that_nest_past_the_limit_are_refused():
+    inner = '[' * 10 + '%s' + ']' * 10
+    text = 'a: &a %s\nb: &b %s\nc: &c %s\nd: %s\n' % (inner % 1, inner % '*a', inner % '*b', inner % '*c')
+    assert 'line 4: ' + TOO_DEEP in str(errors_of(text))
+    assert 'recursive alias' in str(errors_of('metadata: &m [1, *m]\n'))
+
+
+def test_ordinary_anchors_and_merge_keys_still_work():
+    policy = load('lists: {team: &team [alice, bob]}\n'
+                  'defaults: &base {max_gpus: 2, max_procs: 4}\n'
+                  'groups: {phd: {members: *team, max_gpus: 3}}\n'
+                  'users: {carol: {<<: *base, max_mem_gib_total: 8}}\n')
+    assert policy.users['carol']['max_gpus'] == 2 and policy.users['carol']['max_procs'] == 4
+    assert policy.defaults['max_gpus'] == 2
+
+
+def test_clear_after_default_and_both_escalation_forms():
+    assert load('mode: warn').escalation.clear_after == P.CLEAR_AFTER == 60.0
+    assert load('escalation: {act_after: 10m, clear_after: 15m}').escalation.to_dict()['clear_after'] == 900.0
+    steps = load('escalation: {steps: [{after: 0}, {after: 5m, action: terminate}], clear_after: 0s}').escalation
+    assert steps.clear_after == 0.0 and steps.act_at == 300.0
+
+
 def test_every_error_is_reported_not_only_the_first():
     exc = errors_of('mode: x\nusers: {alice: {max_gpus: -1}}\ngroups: {phd: {max_procs: nope}}\n')
     assert len(exc.errors) == 3
@@ -107,7 +197,8 @@ def test_not_a_policy_at_all():
     exc = errors_of('just some words')
     assert 'policy.yaml' in str(exc)
     exc = errors_of('[unclosed')
-    assert 'neither YAML' in str(exc)
+    assert str(exc) == "policy.yaml: line 1, column 10: YAML syntax error: expected ',' or ']', but got '<stream end>'"
+    assert exc.lines == [1] and exc.errors == [('', None, str(exc)[len('policy.yaml: '):])]
 
 
 def test_sizes_accept_units_and_gpukill_style_strings():
@@ -203,8 +294,13 @@ max_concurrent_processes = 5
 '''
 
 
-def test_gpukill_documented_example_works_as_written():
-    policy = load(GPUKILL_DOC_EXAMPLE, 'guard_mode_config.toml')
+def test_gpukill_documented_example_works_without_its_null():
+    # gpu-kill's documented example writes maintenance_window = null, which TOML does not have: the
+    # standard parser refuses it, with the line and what to do
+    exc = errors_of(GPUKILL_DOC_EXAMPLE, 'guard_mode_config.toml')
+    assert str(exc) == ('guard_mode_config.toml: line 30, column 22: TOML syntax error: Invalid value '
+                        '(TOML has no null: leave the key out)')
+    policy = load(GPUKILL_DOC_EXAMPLE.replace('maintenance_window = null\n', ''), 'guard_mode_config.toml')
     assert policy.format == 'gpu-kill' and policy.mode == 'dry-run'
     assert policy.users['developer'] == {'max_mem_mib_total': 8 * GIB, 'max_runtime_s': 12 * 3600.0, 'max_procs': 3}
     group = policy.group('researchers')
@@ -276,24 +372,41 @@ def test_gpukill_mixed_with_gpufleet_keys_is_an_error():
 
 
 def test_gpukill_unknown_field_and_wrong_username():
-    assert 'unknown key' in str(errors_of('[user_policies.a]\nmemory_limit = 1\n'))
-    assert 'table name' in str(errors_of('[user_policies.a]\nusername = "b"\n'))
+    assert 'unknown key' in str(errors_of('[user_policies.a]\nmemory_limit = 1\n', 'policy.toml'))
+    assert 'table name' in str(errors_of('[user_policies.a]\nusername = "b"\n', '<stdin>'))
 
 
-def test_toml_reader():
-    data = toml_lite.loads('a = 1\n"b c" = \'lit\'\n[t.u]\nx = [1, 2,\n # c\n 3,]\ny = {z = true}\n[[arr]]\nn = 1\n[[arr]]\nn = 2\n'
-                           's = """\nmulti\\\n  line"""\nf = -1_000.5e0\nh = 0x1F\nd = 2026-03-02T10:00:00Z\nnothing = null\n')
+def test_toml_is_read_by_tomllib_or_tomli():
+    data = P.read_document('a = 1\n"b c" = \'lit\'\n[t.u]\nx = [1, 2,\n # c\n 3,]\ny = {z = true}\n[[arr]]\nn = 1\n[[arr]]\nn = 2\n'
+                           's = """\nmulti\\\n  line"""\nf = -1_000.5e0\nh = 0x1F\nd = 2026-03-02T10:00:00Z\n', 'policy.toml')
     assert data['a'] == 1 and data['b c'] == 'lit' and data['t']['u']['x'] == [1, 2, 3] and data['t']['u']['y'] == {'z': True}
     assert [a['n'] for a in data['arr']] == [1, 2]
     assert data['arr'][1]['s'] == 'multiline' and data['arr'][1]['f'] == -1000.5 and data['arr'][1]['h'] == 31
-    assert data['arr'][1]['nothing'] is None and data['arr'][1]['d'] == '2026-03-02T10:00:00Z'
-    for bad, line in (('a = 1\na = 2\n', 2), ('[t]\n[t]\n', 2), ('a = "open\n', 1), ('a = [1,\n', 2), ('x = @\n', 1)):
-        with pytest.raises(toml_lite.TomlError) as info:
-            toml_lite.loads(bad)
-        assert info.value.line == line, bad
+    assert data['arr'][1]['d'] == '2026-03-02T10:00:00+00:00'
+    for bad, line in (('a = 1\na = 2\n', 2), ('[t]\n[t]\n', 2), ('a = "open\n', 1), ('x = @\n', 1)):
+        with pytest.raises(P.PolicyError) as info:
+            P.read_document(bad, 'policy.toml')
+        assert info.value.lines == [line] and str(info.value).startswith('policy.toml: line %d, column ' % line), bad
+        assert 'TOML syntax error: ' in str(info.value) and 'invalid value' not in str(info.value)
+
+
+def test_toml_without_tomllib_or_tomli_names_the_package(monkeypatch):
+    monkeypatch.setattr(P, '_TOML', [None])
+    with pytest.raises(P.PolicyError) as info:
+        P.load_policy_text('mode = "warn"\n', 'policy.toml')
+    assert str(info.value) == 'policy.toml: ' + P.TOML_MISSING and 'install tomli' in P.TOML_MISSING
 
 
 # ============================================================================ memory, GPUs, processes
+def test_memory_messages_show_the_difference_rounding_would_hide():
+    found = evaluate('users: {alice: {max_mem_gib_total: 19.5}}', snapshot([proc(1, 'alice', {0: 19.5 * GIB + 1})]))
+    assert found[0].message == 'alice uses 19969 MiB of GPU memory in total, more than the 19968 MiB allowed'
+    found = evaluate('users: {alice: {max_mem_mib_total: 100}}', snapshot([proc(1, 'alice', {0: 100.25})]))
+    assert 'uses 100.250 MiB of GPU memory in total, more than the 100.000 MiB allowed' in found[0].message
+    found = evaluate('users: {alice: {max_mem_gib_total: 19.5}}', snapshot([proc(1, 'alice', {0: 24 * GIB})]))
+    assert 'uses 24.0 GiB of GPU memory in total, more than the 19.5 GiB allowed' in found[0].message
+
+
 def test_max_mem_per_gpu_names_only_the_offending_process():
     policy = 'users: {alice: {max_mem_gib_per_gpu: 8}}'
     snap = snapshot([proc(1, 'alice', {0: 12 * GIB}), proc(2, 'alice', {1: 6 * GIB}), proc(3, 'bob', {0: 40 * GIB})])
@@ -570,13 +683,52 @@ def test_exemption_limited_to_some_rules():
     assert rules(found) == ['max_mem_total']
 
 
+def kernel_identity(pid, uid, exe_uid=0, exe_mode=0o100755, dir_writable=False):
+    """An identity.Identity as the kernel would report it: ``uid`` for all four uids, the executable's owner and mode."""
+    exe = I.ExeIdentity('/usr/sbin/daemon', False, 2049, 1000 + pid, exe_uid, exe_mode, dir_writable)
+    return I.Identity(pid, pid * 10, 'S', 1, pid, 0, 'daemon', (uid,) * 4, exe)
+
+
 def test_protected_processes_are_not_counted_or_named():
-    policy = load('defaults: {max_mem_gib_total: 1}\nprotect:\n  - {user: svc}\n  - {uid_below: 1000}\n  - {name: my-daemon}\n')
-    snap = snapshot([proc(1, 'svc', {0: 9 * GIB}), proc(2, 'sysd', {0: 9 * GIB}, uid=120), proc(3, 'eve', {0: 9 * GIB}, name='my-daemon'),
-                     proc(4, 'eve', {1: 9 * GIB}, name='Xorg'), proc(5, 'eve', {2: 9 * GIB})])
+    # Names protect only what a system account runs from a root-owned executable (issue 15): eve's
+    # processes named my-daemon and Xorg are charged even with a trusted executable; the daemon's are not.
+    policy = load('defaults: {max_mem_gib_total: 1}\nprotect:\n  - {user: svc}\n  - {uid_below: 100}\n  - {name: my-daemon}\n')
+    snap = snapshot([proc(1, 'svc', {0: 9 * GIB}), proc(2, 'sysd', {0: 9 * GIB}, uid=50),
+                     proc(3, 'daemon', {0: 9 * GIB}, name='my-daemon', uid=120), proc(4, 'daemon', {1: 9 * GIB}, name='Xorg', uid=120),
+                     proc(5, 'eve', {2: 9 * GIB}), proc(6, 'eve', {3: 9 * GIB}, name='my-daemon', uid=1001),
+                     proc(7, 'eve', {3: 9 * GIB}, name='Xorg', uid=1001)])
+    for entry in snap.processes:
+        entry.identity = kernel_identity(entry.pid, entry.uid)
     found, notes = P.evaluate_detailed(policy, snap, {}, MONDAY_NOON, NO_GROUPS)
-    assert [(v.user, v.pids) for v in found] == [('eve', [5])]
-    assert any('protected' in note for note in notes)
+    assert [(v.user, v.pids) for v in found] == [('eve', [7, 6, 5])]
+    assert 'pid 3 (daemon): protected name my-daemon; quota rules skip it' in notes
+    assert 'pid 4 (daemon): protected name Xorg; quota rules skip it' in notes
+
+
+@pytest.mark.parametrize('identity, why', [
+    (None, 'no kernel-read identity (a record made by hand)'),
+    (kernel_identity(3, 120, exe_uid=1001), 'an executable the user owns'),
+    (kernel_identity(3, 120, exe_mode=0o100777), 'an executable others may write'),
+    (kernel_identity(3, 120, dir_writable=True), 'an executable in a directory users may write'),
+    (kernel_identity(3, 120, dir_writable=None), 'an executable whose directories cannot be examined'),
+    (I.Identity(3, 30, 'S', 1, 3, 0, 'Xorg', (120, 0, 1001, 120), kernel_identity(3, 120).exe), 'a saved uid of a user'),
+    (I.Identity(3, 30, 'S', 1, 3, 0, 'Xorg', None, kernel_identity(3, 120).exe), 'an unknown owner'),
+])
+def test_a_protected_name_needs_a_system_account_and_a_root_owned_executable(identity, why):
+    policy = load('defaults: {max_mem_gib_total: 1}\nprotect: [{exe: /usr/sbin/daemon}]\n')
+    snap = snapshot([proc(3, 'daemon', {0: 9 * GIB}, name='Xorg', uid=120, exe='/usr/sbin/daemon')])
+    snap.processes[0].identity = identity
+    assert [v.pids for v in P.evaluate(policy, snap, {}, MONDAY_NOON, NO_GROUPS)] == [[3]], why
+
+
+def test_a_process_whose_owner_is_unknown_is_charged_to_a_pseudo_owner():
+    policy = load('defaults: {max_mem_gib_total: 12}\n')
+    snap = snapshot([proc(1, 'bob', {0: 10 * GIB}), proc(2, 'alice', {1: 4 * GIB}), proc(3, 'carol', {2: 13 * GIB})])
+    snap.processes[2].user = snap.processes[2].uid = None
+    found, notes = P.evaluate_detailed(policy, snap, {}, MONDAY_NOON, NO_GROUPS)
+    assert [(v.user, v.pids, v.procs[0]['user']) for v in found] == [(I.UNKNOWN_OWNER, [3], I.UNKNOWN_OWNER)]
+    assert 'pid 3: owner unknown; charged to uid:unknown' in notes
+    assert snap.processes[2].user is None  # the snapshot itself is not rewritten
 
 
 # ============================================================================ allocation and rogue

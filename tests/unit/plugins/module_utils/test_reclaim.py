@@ -84,7 +84,9 @@ def test_rerun_changes_nothing(node):
     again = run(node, pids=[victim])
     assert again['changed'] is False
     assert again['killed'] == [] and again['failed'] == [] and again['freed_mib'] == {}
-    assert again['msg'] == 'killed 0 process(es), skipped 0, failed 0; freed 0 MiB'
+    gone = 'no process with pid %d exists here (it has exited, or never existed)' % victim
+    assert again['msg'] == 'killed 0 process(es), skipped 0, failed 0; freed 0 MiB; 1 request(s) led nowhere: ' + gone
+    assert again['unmatched'] == [{'request': 'pid', 'value': victim, 'reason': gone}] and again['warnings'] == [gone]
 
 
 def test_term_ignoring_process_fails_without_force(node):
@@ -415,3 +417,46 @@ def test_idle_processes_are_reclaimed_on_the_second_sample(node, tmp_path):
     assert 'idle (<= 5% utilization)' in second['killed'][0]['selected_because'][0]
     assert second['freed_mib'] == {'0': 2048}
     assert node.alive(busy) and not node.alive(idle)
+
+
+# ---------------------------------------------------------------------------- requests that lead nowhere
+def test_each_request_that_leads_nowhere_is_reported_with_why(node):
+    job = node.spawn(0, 300, argv=['python', 'job.py'])
+    gone = h.unused_pid()
+    result = run(node, pids=[job, gone, 1, os.getpid()], force=True)
+    assert pids(result['killed']) == [job]
+    assert not node.alive(job)
+    reasons = dict((e['value'], e['reason']) for e in result['unmatched'] if e['request'] == 'pid')
+    assert set(reasons) == {gone, 1, os.getpid()}
+    assert reasons[gone] == 'no process with pid %d exists here (it has exited, or never existed)' % gone
+    assert reasons[1].startswith('pid 1 is not a GPU process') and 'also protected (pid 1 is never signalled)' in reasons[1]
+    assert 'this is the reclaiming process itself' in reasons[os.getpid()]
+    assert set(result['warnings']) >= set(reasons.values())           # all three name something absent from the GPUs
+    assert '3 request(s) led nowhere' in result['msg']
+
+
+def test_unknown_users_warn_and_users_without_gpu_processes_are_only_reported(node):
+    job = node.spawn(0, 300, argv=['python', 'job.py'])
+    result = run(node, users=['nosuchuser-gpufleet', 'root', 'nobody'], name='^nomatch$', check_mode=True)
+    assert result['killed'] == [] and not result['changed'] and node.alive(job)
+    by_user = dict((e['value'], e['reason']) for e in result['unmatched'])
+    assert by_user == {
+        'nobody': 'user nobody has no GPU process here',
+        'nosuchuser-gpufleet': 'no user nosuchuser-gpufleet exists on this node (checked with the system user database)',
+        'root': 'user root has GPU processes here, but none matches the other selectors'}
+    assert result['warnings'] == [by_user['nosuchuser-gpufleet']]
+
+
+def test_a_selection_that_matches_nothing_says_so(node):
+    node.spawn(0, 300, argv=['python', 'job.py'])
+    result = run(node, name='^nomatch$')
+    (entry,) = result['unmatched']
+    assert entry['request'] == 'selection' and entry['reason'] == 'no GPU process here matches every selector given'
+    assert entry['value']['name'] == '^nomatch$' and result['warnings'] == []
+    assert 'led nowhere' in result['msg'] and not result['changed']
+
+
+def test_a_requested_pid_that_matched_reports_nothing_extra(node):
+    job = node.spawn(0, 300, argv=['python', 'job.py'])
+    result = run(node, pids=[job], check_mode=True)
+    assert pids(result['killed']) == [job] and result['unmatched'] == [] and 'led nowhere' not in result['msg']

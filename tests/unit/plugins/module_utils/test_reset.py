@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, reset
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, identity, reset
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import amd as amd_backend
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import nvidia as nvidia_backend
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends.base import Backend, pci_bdf
@@ -251,13 +251,20 @@ def test_pci_bdf_normalises_nvml_and_short_forms():
 
 
 def test_blocking_client_matches_names_and_truncated_comm():
+    daemon = identity.Identity(4242, 1000, 'S', 1, 4242, 0, 'x', (0, 0, 0, 0),
+                               identity.ExeIdentity('/usr/bin/nv-hostengine', False, 2049, 7, 0, 0o100755, False))
+
     class P(object):
-        def __init__(self, name, exe=None, cmdline=None):
-            self.name, self.exe, self.cmdline = name, exe, cmdline
+        def __init__(self, name, exe=None, cmdline=None, ident=daemon):
+            self.name, self.exe, self.cmdline, self.identity = name, exe, cmdline, ident
     assert reset.blocking_client(P('nvidia-persiste')) == ('nvidia-persistenced', 'nvidia-persistenced')
     assert reset.blocking_client(P('python3', cmdline=['/usr/bin/dcgm-exporter'])) == ('dcgm-exporter', 'dcgm-exporter')
     assert reset.blocking_client(P('Xorg')) == ('Xorg', 'display-manager')
     assert reset.blocking_client(P('python', exe='/usr/bin/python3.11', cmdline=['python', 'train.py'])) is None
+    # a name is the user's text: her process named like a client is one of the GPU's processes (issue 15)
+    users = identity.Identity(4242, 1000, 'S', 1, 4242, 0, 'x', (1001,) * 4, daemon.exe)
+    assert reset.blocking_client(P('nv-hostengine', ident=users)) is None
+    assert reset.blocking_client(P('nv-hostengine', ident=None)) is None
 
 
 # ---------------------------------------------------------------------------- NVIDIA, against the simulator

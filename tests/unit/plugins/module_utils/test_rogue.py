@@ -13,6 +13,8 @@ import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import rogue
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import rogue_rules as R
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
+    BOMB_LINE, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs)
 
 XMR = '45ASi45ub7Qe4ZE36UT5G6cU4ud8Fhhe4deS4F3cw9KTAb8dLcukC7edhDQ7cn5d4gEYkbUrMWeWQLGsCmrG6dLaYyNoVKf'
 ETH = '0x70f58904dba41ecccc3fc1626e53a13043b026c4'
@@ -615,6 +617,32 @@ def test_rules_text_errors(text, line, field, why):
     assert why in exc.value.why
 
 
+def test_rules_errors_are_all_reported_with_their_lines():
+    text = ('pools: ["not a host!", 203.0.113.7]\npool_ports: [0, 80, 70000]\ncolour: red\nrules:\n  - id: r\n    kind: sof\n'
+            '    weight: 500\n    description: d\n    match: {cmdline: x, cmdlin: y}\nwindow: 5s\n')
+    with pytest.raises(rogue.RulesError) as exc:
+        rogue.load_config(text=text)
+    assert [(line, field) for _source, line, field, _why in exc.value.errors] == [
+        (1, 'pools[0]'), (2, 'pool_ports[0]'), (2, 'pool_ports[2]'), (3, 'colour'), (6, 'rules[0].kind'), (7, 'rules[0].weight'),
+        (9, 'rules[0].match.cmdlin'), (10, 'window')]
+    assert str(exc.value).splitlines()[5] == '<rules text>:7: rules[0].weight: 500 is out of range 0-100'
+
+
+@pytest.mark.parametrize('name, text, why', [
+    ('rogue.json', '{"pools": ["203.0.113.7"],}', 'line 1, column 27: JSON syntax error: '),
+    ('rogue.toml', 'pools = ["203.0.113.7"\nx = 1\n', 'line 2, column 1: TOML syntax error: '),
+    ('rogue.json', '{"pool_ports": [0], "colour": 1}', ': pool_ports[0]: 0 is out of range 1-65535'),
+])
+def test_rules_files_in_json_and_toml_use_their_own_parser(tmp_path, name, text, why):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(rogue.RulesError) as exc:
+        rogue.load_config(rules_file=str(path))
+    assert why in str(exc.value) and str(exc.value).startswith(str(path) + ': ')
+    path.write_text('{"pools": ["203.0.113.7"]}' if name.endswith('json') else 'pools = ["203.0.113.7"]\n')
+    assert rogue.load_config(rules_file=str(path)).pool_networks
+
+
 def test_rules_file_read_errors(tmp_path):
     with pytest.raises(rogue.RulesError) as exc:
         rogue.load_config(rules_file=str(tmp_path / 'missing.yml'))
@@ -631,6 +659,17 @@ def test_rules_file_read_errors(tmp_path):
     with pytest.raises(rogue.RulesError) as exc:
         rogue.load_config(text='[' * 5000)
     assert exc.value.source == '<rules text>'
+
+
+def test_rules_files_have_the_policy_limits_on_nesting_and_aliases():
+    """The rules file is read with the policy's loader: an alias bomb or deep nesting is refused while composing."""
+    with pytest.raises(rogue.RulesError) as exc:
+        rogue.load_config(text=billion_laughs())
+    assert exc.value.line == BOMB_LINE and exc.value.why == TOO_MANY_ALIASED
+    with pytest.raises(rogue.RulesError) as exc:
+        rogue.load_config(text='pools: ' + '[' * 40 + ']' * 40 + '\n')
+    assert exc.value.why == TOO_DEEP
+    assert rogue.load_config(text='pools: &p ["203.0.113.7"]\nminer_names: [xmr-fork]\n').warnings == []
 
 
 def test_inline_rules_errors_have_no_line():

@@ -48,8 +48,9 @@ def selected(sim, **kwargs):
 def test_no_selector_is_an_error(kwargs):
     with pytest.raises(InvalidArgument) as err:
         Selector(**kwargs)
-    assert err.value.field == 'selectors'
+    assert err.value.field == 'selectors' and err.value.value is None
     assert 'all_on_gpus' in str(err.value) and 'only narrow' in str(err.value)
+    assert str(err.value).startswith('selectors: no process is selected: give at least one of pids, ') and 'invalid value' not in str(err.value)
 
 
 @pytest.mark.parametrize('kwargs, field', [

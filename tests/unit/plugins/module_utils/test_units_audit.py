@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 
@@ -61,6 +62,65 @@ def test_edit_is_detected(tmp_path):
     report = audit_log.verify(path)
     assert not report['valid']
     assert report['errors'][0]['line'] == 2
+
+
+PID_PAIRS = ((9, 10), (999, 1000), (99, 100, 1000, 20))
+
+
+def _action(pids):
+    """A record shaped like the guard's act decision: one outcome per pid, keyed by the pid (an int)."""
+    return {'event': 'guard_decision', 'decision': 'act', 'pids': list(pids),
+            'outcome': {'result': 'done', 'pids': dict((pid, {'outcome': 'killed', 'signals': ['SIGTERM']}) for pid in pids)}}
+
+
+def test_pids_whose_numeric_and_text_order_differ_verify(tmp_path):
+    path = str(tmp_path / 'a.jsonl')
+    for pids in PID_PAIRS:
+        written = audit_log.append(path, _action(pids))
+        assert sorted(written['outcome']['pids']) == sorted(str(pid) for pid in pids)  # keys as JSON gives them back
+    audit_log.append(path, {'event': 'mixed', 'keys': {3: 'int', 'b': 'text'}})  # int and text keys in one object
+    assert audit_log.verify(path) == {'valid': True, 'lines': 4, 'errors': []}
+    lines = open(path).read().splitlines()
+    lines[1] = lines[1].replace('"1000":{"outcome":"killed"', '"1000":{"outcome":"failed"')
+    assert lines[1] != open(path).read().splitlines()[1]
+    open(path, 'w').write('\n'.join(lines) + '\n')
+    report = audit_log.verify(path)
+    assert not report['valid'] and report['errors'][0] == {'line': 2, 'error': 'line content does not match its hash (edited)'}
+
+
+def _old_writer(path, records):
+    """The writer before the fix: the hash over integer keys sorted as numbers (logs already on disk)."""
+    prev = audit_log.GENESIS
+    with open(path, 'w') as handle:
+        for record in records:
+            entry = dict(record, ts='2026-01-01T00:00:00.000Z', prev_hash=prev)
+            entry['hash'] = hashlib.sha256(audit_log._canonical(entry).encode('ascii')).hexdigest()
+            line = audit_log._canonical(entry)
+            handle.write(line + '\n')
+            prev = hashlib.sha256(line.encode('ascii')).hexdigest()
+
+
+def test_logs_written_before_the_fix_still_verify(tmp_path):
+    path = str(tmp_path / 'old.jsonl')
+    _old_writer(path, [_action(pids) for pids in PID_PAIRS] + [{'event': 'gpu_kill', 'freed_mib': {'10': 5, '2': 7}}])
+    assert '"9":{' in open(path).read().split('"10":{')[0]        # the old order: 9 before 10
+    assert audit_log.verify(path) == {'valid': True, 'lines': 4, 'errors': []}
+    audit_log.append(path, _action((9, 10)))                       # a new record chains onto an old one
+    assert audit_log.verify(path)['valid']
+    lines = open(path).read().splitlines()
+    edited = list(lines)
+    edited[0] = edited[0].replace('"10":{"outcome":"killed"', '"10":{"outcome":"skipped"')
+    open(path, 'w').write('\n'.join(edited) + '\n')
+    assert audit_log.verify(path)['errors'][0] == {'line': 1, 'error': 'line content does not match its hash (edited)'}
+
+
+def test_an_order_no_writer_produced_is_not_accepted(tmp_path):
+    """The old-order fallback accepts only the orders the old writer wrote, not any self-consistent line."""
+    path = str(tmp_path / 'odd.jsonl')
+    entry = {'prev_hash': audit_log.GENESIS, 'event': 'x', 'b': 1, 'a': 2}
+    entry['hash'] = hashlib.sha256(json.dumps(entry, separators=(',', ':')).encode('ascii')).hexdigest()
+    open(path, 'w').write(json.dumps(entry, separators=(',', ':')) + '\n')
+    assert not audit_log.verify(path)['valid']
 
 
 def test_deleted_line_is_detected(tmp_path):

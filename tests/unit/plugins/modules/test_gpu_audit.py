@@ -19,12 +19,14 @@ import time
 import pytest
 import yaml
 
+from ansible_collections.gpufleet.reclaim.plugins.doc_fragments import _attributes
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, history
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.model import Device, GpuProcess
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import ProcessInventory
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import Snapshot
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_audit, gpu_kill
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import DEEP_TOML, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs
 
 XMR = '45ASi45ub7Qe4ZE36UT5G6cU4ud8Fhhe4deS4F3cw9KTAb8dLcukC7edhDQ7cn5d4gEYkbUrMWeWQLGsCmrG6dLaYyNoVKf'
 SLEEP = 'import sys, time\nsys.stdout.write("ok\\n"); sys.stdout.flush()\ntime.sleep(120)\n'
@@ -216,11 +218,22 @@ def test_invalid_options(node, args, field):
     assert result['failed'] and result['field'] == field
 
 
+def documented_options(module):
+    """A module's options: its own and those of the collection's doc fragments it extends."""
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    options = dict(doc['options'])
+    for name in doc.get('extends_documentation_fragment') or ():
+        if name.startswith('gpufleet.reclaim._attributes.'):
+            fragment = getattr(_attributes.ModuleDocFragment, name.rsplit('.', 1)[1])
+            options.update(yaml.safe_load(fragment).get('options') or {})
+    return options
+
+
 def test_documentation_matches_the_argument_spec():
-    doc = yaml.safe_load(gpu_audit.DOCUMENTATION)
+    options = documented_options(gpu_audit)
     spec = gpu_audit.argument_spec()
-    assert set(doc['options']) == set(spec)
-    for name, option in doc['options'].items():
+    assert set(options) == set(spec)
+    for name, option in options.items():
         assert option.get('default') == spec[name].get('default'), name
         assert option['type'] == spec[name]['type'], name
     assert spec['policy']['type'] == 'raw'
@@ -299,6 +312,51 @@ def test_bad_policy_fails_with_field_and_examines_nothing(node, monkeypatch, pol
     assert result['msg'].startswith('invalid policy: policy: %s: invalid value' % field)
 
 
+def _deep(levels):
+    data = 1
+    for _level in range(levels):
+        data = {'metadata': data}
+    return data
+
+
+@pytest.mark.parametrize('kind', ['toml-file', 'alias-bomb-file', 'mapping'])
+def test_policy_past_the_document_limits_fails_like_check_config(node, monkeypatch, kind):
+    """policy= goes through the same loaders as check-config and the tick: the same limits, the same clean error."""
+    def no_snapshot(**_kwargs):
+        raise AssertionError('a bad policy must fail before the node is examined')
+    monkeypatch.setattr(gpu_audit, 'take_snapshot', no_snapshot)
+    path = node['tmp'] / ('policy.toml' if kind == 'toml-file' else 'policy.yaml')
+    if kind == 'toml-file':
+        path.write_text(DEEP_TOML)
+    elif kind == 'alias-bomb-file':
+        path.write_text(billion_laughs())
+    result = run_module(base(node, policy=_deep(200) if kind == 'mapping' else str(path)))
+    why = TOO_MANY_ALIASED if kind == 'alias-bomb-file' else TOO_DEEP
+    assert result['failed'] and result['msg'].startswith('invalid policy: ') and why in result['msg'], result
+
+
+@pytest.mark.parametrize('name, text, expected', [
+    ('policy.yaml', 'defaults:\n  max_mem_gib_total: -4\n  max_gpus: -1\n  max_procs: -3\n',
+     ['{0}:2: defaults.max_mem_gib_total: invalid value -4: ', '{0}:3: defaults.max_gpus: invalid value -1: ',
+      '{0}:4: defaults.max_procs: invalid value -3: ']),
+    ('policy.json', '{"max_gpus": 1,}', ['{0}: line 1, column 16: JSON syntax error: ']),
+])
+def test_policy_errors_are_all_reported_like_check_config(node, monkeypatch, name, text, expected):
+    monkeypatch.setattr(gpu_audit, 'take_snapshot', lambda **_kwargs: pytest.fail('a bad policy fails before the node is examined'))
+    path = node['tmp'] / name
+    path.write_text(text)
+    result = run_module(base(node, policy=str(path)))
+    lines = result['msg'][len('invalid policy: '):].splitlines()
+    assert result['failed'] and len(lines) == len(expected), result
+    assert all(line.startswith(want.format(path)) for line, want in zip(lines, expected)), lines
+
+
+def test_policy_mapping_errors_are_all_reported(node):
+    result = run_module(base(node, policy={'defaults': {'max_gpus': -1, 'colour': 'red'}}))
+    assert result['failed'] and result['msg'].count('\n') == 1 and 'policy: defaults.max_gpus: invalid value -1' in result['msg']
+    assert "policy: defaults.colour: invalid value 'red': unknown key" in result['msg']
+
+
 def test_missing_policy_file(node):
     result = run_module(base(node, policy=str(node['tmp'] / 'nope.yaml')))
     assert result['failed'] and 'cannot read the policy' in result['msg'] and str(node['tmp'] / 'nope.yaml') in result['msg']
@@ -321,6 +379,45 @@ def test_gpu_kill_rogue_takes_the_audit_rules_and_allowlist(node, tmp_path):
     allowlist = [{'user': pwd_name(node['miner']), 'cmdline': 'stratum'}]
     inline, _options = gpu_kill.build(kill_args(rogue=True, rules={'allowlist': allowlist}))
     assert inline.rogue_detector(snap, 'critical') == {}
+
+
+def test_gpu_kill_builds_the_detector_as_gpu_audit_does():
+    """Both take the detector's options from one spec (rogue.detector_argument_spec), with the same defaults."""
+    audit_spec, kill_spec = gpu_audit.argument_spec(), gpu_kill.argument_spec()
+    for name in ('history_path', 'require_allocation'):
+        assert kill_spec[name] == audit_spec[name], name
+    assert audit_spec['history_path']['default'] == history.DEFAULT_PATH
+    kill_options = documented_options(gpu_kill)
+    assert set(kill_options) == set(kill_spec)
+    for name in ('history_path', 'require_allocation'):
+        assert kill_options[name].get('default') == kill_spec[name]['default'], name
+
+
+def test_gpu_kill_and_gpu_audit_agree_on_a_finding_that_needs_the_history(node):
+    """The legitimate job reaches medium only with its flat memory from the usage history (B-flat-mem)
+    and the missing allocation: audit and kill must see the same."""
+    db = str(node['tmp'] / 'history.db')
+    snap = node['snapshot']()
+    now = time.time()
+    for minute in range(40, -1, -1):
+        history.record_samples(db, snap, now=now - 60 * minute, interval_s=60)
+    snap.taken_at = now
+    args = {'history_path': db, 'require_allocation': 'always', 'min_level': 'medium'}
+    audit = dict((f['pid'], f) for f in run_module(args)['findings'])
+    finding = audit[node['legit']]
+    assert finding['level'] == 'medium'
+    assert 'B-flat-mem' in [r['id'] for r in finding['rules']]      # from the history: without it, 5 points short
+    selector, _options = gpu_kill.build(kill_args(rogue=True, rogue_min_level='medium', history_path=db,
+                                                  require_allocation='always'))
+    selected = selector.rogue_detector(snap, 'medium')
+    assert sorted(selected) == sorted(audit) and node['legit'] in selected
+    assert selected[node['legit']]['level'] == finding['level'] and selected[node['legit']]['score'] == finding['score']
+    # without the history, neither selects it
+    args['history_path'] = str(node['tmp'] / 'none.db')
+    assert node['legit'] not in [f['pid'] for f in run_module(args)['findings']]
+    selector, _options = gpu_kill.build(kill_args(rogue=True, rogue_min_level='medium', history_path=args['history_path'],
+                                                  require_allocation='always'))
+    assert node['legit'] not in selector.rogue_detector(snap, 'medium')
 
 
 def test_gpu_kill_rules_need_rogue_and_a_valid_file(tmp_path):

@@ -120,3 +120,42 @@ def test_gather_processes_false_and_fail_on_no_gpu_with_gpus(sim):
     gpu = result['ansible_facts']['gpu']
     assert not result.get('failed')
     assert gpu['processes'] == [] and gpu['holders'] == [] and gpu['devices'][0]['processes'] == [sim.pid]
+
+
+def test_gpu_device_files_that_no_backend_reads_are_a_warning_with_the_fix(monkeypatch):
+    """A node whose /dev/nvidiactl exists but whose interpreter lacks a working NVML never reads as GPU-less."""
+    from ansible.module_utils import basic  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes  # pylint: disable=import-outside-toplevel
+    warned = []
+    monkeypatch.setattr(basic.AnsibleModule, 'warn', lambda self, text: warned.append(text))
+    root = h.tempdir()
+    try:
+        dev = h.make_dev_dir(os.path.join(root, 'dev'))
+        monkeypatch.setattr(processes, 'DEFAULT_DEV_ROOTS', (dev,))
+        monkeypatch.setenv('LD_LIBRARY_PATH', root)          # no libnvidia-ml.so.1 here: NVML cannot load
+        result = run_module({})
+        assert not result.get('failed') and result['ansible_facts']['gpu']['devices'] == []
+        (warning,) = warned
+        error = result['ansible_facts']['gpu']['backends']['nvidia']['error']
+        assert warning.startswith('nvidia GPU device files exist (%s/nvidiactl) but the nvidia backend cannot read them: %s.'
+                                  % (dev, error))
+        assert 'install nvidia-ml-py (imported as pynvml) for ' in warning and 'gpufleet.reclaim.prereqs' in warning
+        warned[:] = []
+        run_module({'vendor': 'amd'})                       # NVIDIA was not asked for: no NVIDIA warning
+        assert warned == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_no_warning_without_gpu_device_files(monkeypatch):
+    from ansible.module_utils import basic  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes  # pylint: disable=import-outside-toplevel
+    warned = []
+    monkeypatch.setattr(basic.AnsibleModule, 'warn', lambda self, text: warned.append(text))
+    root = h.tempdir()
+    try:
+        monkeypatch.setattr(processes, 'DEFAULT_DEV_ROOTS', (root,))
+        result = run_module({})
+        assert result['ansible_facts']['gpu']['devices'] == [] and warned == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

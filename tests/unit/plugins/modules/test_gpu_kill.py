@@ -182,3 +182,19 @@ def test_idle_for_through_the_module(node):
     time.sleep(1.2)
     second = run_module(node, {'idle_for': '1s'})
     assert pids(second['killed']) == [idle] and node.alive(busy)
+
+
+@needs_sim
+def test_pids_and_users_that_lead_nowhere_are_warnings_not_a_silent_ok(node, monkeypatch):
+    from ansible.module_utils import basic  # pylint: disable=import-outside-toplevel
+    warned = []
+    monkeypatch.setattr(basic.AnsibleModule, 'warn', lambda self, text: warned.append(text))
+    gone = h.unused_pid()
+    result = run_module(node, {'pids': [gone, 1], 'users': ['nosuchuser-gpufleet']})
+    assert not result.get('failed') and result['changed'] is False and result['killed'] == []
+    reasons = dict((e['value'], e['reason']) for e in result['unmatched'])
+    assert reasons[gone] == 'no process with pid %d exists here (it has exited, or never existed)' % gone
+    assert 'pid 1 is never signalled' in reasons[1]
+    assert reasons['nosuchuser-gpufleet'].startswith('no user nosuchuser-gpufleet exists on this node')
+    assert set(warned) == set(reasons.values())
+    assert '3 request(s) led nowhere' in result['msg']

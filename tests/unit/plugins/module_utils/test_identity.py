@@ -1,0 +1,414 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""core/identity.py: who a process is, from kernel-vouched fields only (issue 15)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import identity as I
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import killer, processes
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reclaim import ReclaimOptions, plan
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import Selector
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import proc, snapshot
+
+ALICE, BOB = 1001, 1002
+# Every character str.splitlines() breaks at besides '\n', as the bytes a process name holds them.
+SEPARATORS = (b'\r', b'\x0b', b'\x0c', b'\x1c', b'\x1d', b'\x1e', b'\xc2\x85', b'\xe2\x80\xa8', b'\xe2\x80\xa9')
+
+
+def status(name=b'python', uids=(ALICE,) * 4, extra=b''):
+    """/proc/PID/status bytes as the kernel writes them (Name: holds any byte but '\\n' and '\\\\')."""
+    uid_line = b'Uid:\t%s\n' % b'\t'.join(b'%d' % uid for uid in uids) if uids is not None else b''
+    return (b'Name:\t' + name + b'\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t4242\nPid:\t4242\nPPid:\t1\n'
+            + uid_line + b'Gid:\t1001\t1001\t1001\t1001\n' + extra + b'VmRSS:\t  1024 kB\n')
+
+
+class ProcTree(object):
+    """A fake /proc: ``add(pid, ...)`` (re)writes a process's stat, status, cmdline and cgroup."""
+
+    def __init__(self, root):
+        self.root = str(root)
+
+    def add(self, pid, uid=ALICE, starttime=1000, comm=b'train', state=b'S', cmdline=b'python\0train.py\0'):
+        base = os.path.join(self.root, str(pid))
+        os.makedirs(base, exist_ok=True)
+        files = {'stat': b'%d (%s) %s 1 %d %d 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0' % (pid, comm, state, pid, pid, starttime),
+                 'status': status(comm, (uid,) * 4), 'cmdline': cmdline, 'cgroup': b'0::/user.slice\n'}
+        for name, data in files.items():
+            with open(os.path.join(base, name), 'wb') as handle:
+                handle.write(data)
+
+    def remove(self, pid):
+        shutil.rmtree(os.path.join(self.root, str(pid)))
+
+
+# ---------------------------------------------------------------------------- parsing
+def test_kernel_lines_split_at_the_newline_only():
+    for sep in SEPARATORS:
+        assert I.kernel_lines(b'Name:\t' + sep + b'Uid:\t0\nUid:\t1') == [b'Name:\t' + sep + b'Uid:\t0', b'Uid:\t1']
+        text = sep.decode('utf-8')
+        assert I.kernel_lines('0::/a' + text + '1::/b\n') == ['0::/a' + text + '1::/b', '']
+
+
+@pytest.mark.parametrize('sep', SEPARATORS, ids=lambda sep: sep.hex())
+def test_a_name_cannot_forge_the_uid_line(sep):
+    for forged in (b'Uid:\t%d' % BOB, b'Uid:\t0\t0\t0\t0', b'Uid:\tx'):
+        data = status(name=sep + forged)
+        assert data.decode('utf-8').splitlines()[1].startswith('Uid:')  # what the old reader fell for
+        assert I.parse_status_uids(data) == (ALICE,) * 4
+
+
+def test_a_name_holding_a_whole_uid_line_without_separator_is_just_a_name():
+    # psutil matches r'Uid:\t(\d+)\t(\d+)\t(\d+)' anywhere in the file, the Name: line included
+    assert I.parse_status_uids(status(name=b'Uid:\t0\t0\t0')) == (ALICE,) * 4
+
+
+@pytest.mark.parametrize('data, why', [
+    (status(uids=None), 'no Uid line'),
+    (status(extra=b'Uid:\t0\t0\t0\t0\n'), 'two Uid lines'),
+    (status(uids=(ALICE, ALICE, ALICE)), 'three fields'),
+    (status(uids=(ALICE,) * 5), 'five fields'),
+    (status().replace(b'Uid:\t1001', b'Uid:\t-1'), 'a sign'),
+    (status().replace(b'Uid:\t1001', b'Uid:\t 1001'), 'a space'),
+    (status().replace(b'Uid:\t', b'Uid: '), 'not the exact "Uid:\\t" prefix'),
+    (status().replace(b'\nUid:', b'\n Uid:'), 'an indented line'),
+    (b'', 'an empty file'),
+])
+def test_an_owner_that_does_not_read_exactly_is_unknown(data, why):
+    assert I.parse_status_uids(data) is None, why
+
+
+def test_the_status_parser_takes_bytes_only():
+    with pytest.raises(TypeError, match='bytes of /proc/PID/status'):
+        I.parse_status_uids(status().decode())
+
+
+# ---------------------------------------------------------------------------- live processes
+def test_the_identity_of_this_process():
+    ident, extra = I.read_identity(os.getpid(), during=lambda: 'read between')
+    assert extra == 'read between'
+    assert ident.uids[:3] == os.getresuid() and ident.uid == os.getuid()
+    assert ident.starttime == I.read_starttime(os.getpid()) == h.starttime(os.getpid())
+    here = os.stat(sys.executable)
+    assert (ident.exe.dev, ident.exe.ino, ident.exe.uid) == (here.st_dev, here.st_ino, here.st_uid)
+    assert ident.exe.path == os.path.realpath(sys.executable) and not ident.exe.deleted
+
+
+def _wait_state(pid, wanted, what):
+    h.wait_for(lambda: (I.read_stat(pid) or {}).get('state') == wanted, what=what)
+
+
+def test_a_zombie_keeps_its_owner_and_has_no_executable():
+    child = subprocess.Popen([sys.executable, '-c', 'pass'])
+    try:
+        _wait_state(child.pid, 'Z', 'the child to exit (not reaped)')
+        ident, _extra = I.read_identity(child.pid)
+        assert ident.state == 'Z' and ident.uid == os.getuid() and ident.exe is None
+        assert killer.read_proc(child.pid).dead
+    finally:
+        child.wait(10)
+    assert I.read_identity(child.pid) == (None, None)  # reaped: gone
+
+
+def test_the_executable_of_a_deleted_file(tmp_path):
+    exe = str(tmp_path / 'tool')
+    shutil.copyfile(shutil.which('sleep'), exe)
+    os.chmod(exe, 0o755)
+    child = subprocess.Popen([exe, '600'])
+    try:
+        h.wait_for(lambda: I.read_exe_identity(child.pid) is not None and I.read_exe_identity(child.pid).path == exe,
+                   what='the copy of sleep to run')
+        before = os.stat(exe)
+        os.unlink(exe)
+        found = I.read_exe_identity(child.pid)
+        assert found.deleted and found.path == exe + ' (deleted)'
+        assert (found.dev, found.ino, found.uid, found.mode) == (before.st_dev, before.st_ino, before.st_uid, before.st_mode)
+        assert found.dir_writable is True  # under the sticky, world-writable /tmp: anyone may name a file there
+        assert not found.trusted
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+def test_directories_users_may_write(tmp_path):
+    cache = {}
+    assert I.dirs_writable('/usr/bin/env', cache) is False
+    assert cache['/usr/bin'] is False and cache['/'] is False
+    assert I.dirs_writable(str(tmp_path / 'tool'), cache) is True           # /tmp is 1777
+    assert I.dirs_writable('relative/tool') is None
+    assert I.dirs_writable('/no-such-directory-here/tool') is None
+    cache['/usr/bin'] = True                                                  # the cache answers for the scan
+    assert I.dirs_writable('/usr/bin/env', cache) is True
+
+
+def test_directories_are_examined_in_the_processs_own_root(tmp_path):
+    """A chroot's /usr/bin is the jail's directory, and the jail is its /: what lies above it (our
+    /tmp) is not on the process's path."""
+    jail = tmp_path / 'jail'
+    (jail / 'usr' / 'bin').mkdir(parents=True)
+    for path in (jail, jail / 'usr', jail / 'usr' / 'bin'):
+        os.chmod(str(path), 0o755)
+    assert I.dirs_writable('/usr/bin/sleep', root=str(jail)) is (os.geteuid() != 0)  # root-owned 0755 when root made it
+    os.chmod(str(jail / 'usr' / 'bin'), 0o777)
+    cache = {}
+    assert I.dirs_writable('/usr/bin/sleep', cache, root=str(jail)) is True
+    assert cache[str(jail) + '/usr/bin'] is True and '/usr/bin' not in cache
+
+
+def test_the_system_uid_boundary(tmp_path):
+    def defs(name, text, mode=0o644):
+        path = str(tmp_path / name)
+        with open(path, 'w') as handle:
+            handle.write(text)
+        os.chmod(path, mode)
+        return path
+
+    trusted = os.geteuid() == 0  # only a root-owned file counts
+    assert I.system_uid_max(defs('plain', '# comment\nSYS_UID_MAX\t\t499\n')) == (499 if trusted else 999)
+    assert I.system_uid_max(defs('capped', 'UID_MIN 500\nSYS_UID_MAX 999\n')) == (499 if trusted else 999)
+    assert I.system_uid_max(defs('writable', 'SYS_UID_MAX 60000\n', mode=0o666)) == 999
+    link = str(tmp_path / 'link')
+    os.symlink(defs('target', 'SYS_UID_MAX 60000\n'), link)
+    assert I.system_uid_max(link) == 999
+    assert I.system_uid_max(str(tmp_path / 'missing')) == 999
+    assert I.system_uid_max(defs('garbage', 'SYS_UID_MAX many\n\x1cSYS_UID_MAX 5\n')) == 999
+
+
+# ---------------------------------------------------------------------------- who a name may protect
+TRUSTED_EXE = I.ExeIdentity('/usr/sbin/sshd', False, 2049, 77, 0, 0o100755, False)
+
+
+@pytest.mark.parametrize('uids, exe, trusted, why', [
+    ((0, 0, 0, 0), TRUSTED_EXE, True, None),
+    ((120, 120, 120, 120), TRUSTED_EXE, True, None),
+    ((ALICE,) * 4, TRUSTED_EXE, False, 'it runs as uid 1001, not a system account'),
+    ((0, 0, ALICE, 0), TRUSTED_EXE, False, 'it runs as uid 1001, not a system account'),
+    ((ALICE, 0, 0, 0), TRUSTED_EXE, False, 'it runs as uid 1001, not a system account'),
+    (None, TRUSTED_EXE, False, 'its owner is unknown'),
+    ((0,) * 4, None, False, 'its executable cannot be examined'),
+    ((0,) * 4, I.ExeIdentity('/usr/sbin/sshd', False, 2049, 77, ALICE, 0o100755, False), False, 'not a root-owned file'),
+    ((0,) * 4, I.ExeIdentity('/usr/sbin/sshd', False, 2049, 77, 0, 0o100775, False), False, 'not a root-owned file'),
+    ((0,) * 4, I.ExeIdentity('/tmp/sshd', False, 2049, 77, 0, 0o100755, True), False, 'a directory that a user may write'),
+    ((0,) * 4, I.ExeIdentity('/x/sshd', False, 2049, 77, 0, 0o100755, None), False, 'a directory that a user may write'),
+    ((0,) * 4, I.ExeIdentity('/x/sshd', False, None, None, None, 0, None), False, 'not a root-owned file'),
+])
+def test_a_name_is_trusted_only_for_a_system_account_and_a_root_owned_executable(uids, exe, trusted, why):
+    ident = I.Identity(4242, 1000, 'S', 1, 4242, 0, 'sshd', uids, exe)
+    assert ident.name_trusted(boundary=999) is trusted and I.name_trusted(ident, 999) is trusted
+    reason = ident.why_name_untrusted(boundary=999)
+    assert (reason is None) if why is None else (why in reason), reason
+    assert not I.name_trusted(None)
+
+
+def _named(name, user=None):
+    """A child that names itself ``name`` (comm) and sleeps; run as ``user`` when given (root only)."""
+    code = ('import ctypes, sys, time\nctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)\n'
+            'sys.stdout.write("ok\\n"); sys.stdout.flush(); time.sleep(600)\n')
+    exe, kwargs = sys.executable, {}
+    if user is not None:
+        found = h.python_for_user(user, ('ctypes',))
+        if found is None:
+            pytest.skip('no Python interpreter that %s may run' % user)
+        exe, extra = found
+        kwargs = dict(h._as_user(user), env={'PATH': '/usr/bin:/bin', 'PYTHONPATH': extra})  # pylint: disable=protected-access
+    child = subprocess.Popen([exe, '-c', code, name], stdout=subprocess.PIPE, **kwargs)
+    assert child.stdout.readline() == b'ok\n'
+    return child
+
+
+def test_a_protected_name_protects_only_a_system_accounts_process():
+    prot = killer.Protection(protect_names=['sshd'])
+    prot.self_session = 0  # the children share this test's session: keep that rule out of the way
+    mine = _named('sshd')
+    others = [_named('sshd', user='nobody')] if os.geteuid() == 0 else []
+    try:
+        info = killer.read_proc(mine.pid)
+        assert info.comm == 'sshd'
+        expected = 'protected name sshd (protect_names)' if I.name_trusted(info.identity) else None
+        assert prot.reason(info) == expected
+        assert (expected is not None) == (os.geteuid() <= I.system_uid_max() and info.identity.exe.trusted)
+        for child in others:  # nobody (65534) is no system account: the name protects nothing
+            info = killer.read_proc(child.pid)
+            assert info.uid == pwd.getpwnam('nobody').pw_uid and prot.reason(info) is None
+            assert 'not a system account' in info.identity.why_name_untrusted()
+    finally:
+        for child in [mine] + others:
+            child.kill()
+            child.wait(10)
+
+
+def test_the_inventory_takes_the_owner_from_the_identity_not_from_psutil():
+    """psutil's uids() matches 'Uid:\\t0\\t0\\t0' inside the Name: line; the inventory reads the exact line."""
+    user = 'nobody' if os.geteuid() == 0 else None
+    child = _named('Uid:\t0\t0\t0', user=user)
+    try:
+        expected = pwd.getpwnam(user).pw_uid if user is not None else os.getuid()
+        for use_psutil in ((False, True) if processes.load_psutil() is not None else (False,)):
+            rec = processes.ProcessInventory(use_psutil=use_psutil, scan_fds=False).record(child.pid)
+            assert rec.uid == expected and rec.identity.uid == expected, use_psutil
+            assert rec.user == processes.user_name(expected) and rec.name == 'Uid:\t0\t0\t0'
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+# ---------------------------------------------------------------------------- reads across a pid reuse
+class FakePsutil(object):
+    """Just enough of psutil for ProcessInventory; ``on_read`` runs while psutil reads the process."""
+
+    class NoSuchProcess(Exception):
+        pass
+
+    class AccessDenied(Exception):
+        pass
+
+    def __init__(self, on_read, info):
+        self.on_read = on_read
+        self.info = info
+        fake = self
+
+        class Process(object):
+            def __init__(self, pid):
+                self.pid = pid
+
+            def as_dict(self, attrs, ad_value=None):
+                fake.on_read()
+                return dict(fake.info)
+
+        self.Process = Process
+
+
+def _no_signals(monkeypatch):
+    sent = []
+    monkeypatch.setattr(os, 'kill', lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(os, 'killpg', lambda pid, sig: sent.append((pid, sig)))
+    if hasattr(signal, 'pidfd_send_signal'):
+        monkeypatch.setattr(signal, 'pidfd_send_signal', lambda fd, sig, *args: sent.append((fd, sig)))
+    return sent
+
+
+def _kill_alices(rec, tree, monkeypatch):
+    """gpu_kill users=[alice] (then pids=[4242]) over a snapshot that joined ``rec``: what is signalled."""
+    snap = snapshot([proc(4242, 'alice', {0: 4096})])
+    snap.processes[0].join(rec)
+    sent = _no_signals(monkeypatch)
+    for selector in (Selector(users=['alice']), Selector(pids=[4242])):
+        decided = plan(snap, selector, ReclaimOptions(), killer.Protection(protect_names=[], proc_root=tree.root),
+                       proc_root=tree.root)
+        killer.terminate(decided.victims, timeout=0.1, proc_root=tree.root)
+        assert decided.would_signal == [] and all(v.signals == [] for v in decided.victims)
+    return sent
+
+
+def test_a_psutil_record_read_across_a_pid_reuse_is_discarded(tmp_path, monkeypatch):
+    """alice's process exits while psutil reads it and bob's takes the pid: the start time read first
+    and checked last differ, so the record is dropped whole, and gpu_kill users=[alice] signals nothing
+    (the old order read alice's name and user, then bob's start time, and signalled bob's process)."""
+    tree = ProcTree(tmp_path)
+    tree.add(4242, uid=ALICE, starttime=1000, comm=b'train')
+
+    def reuse():
+        tree.add(4242, uid=BOB, starttime=2000, comm=b'serve', cmdline=b'serve\0')
+
+    fake = FakePsutil(reuse, {'pid': 4242, 'name': 'train', 'cmdline': ['python', 'train.py'], 'status': 'sleeping',
+                              'ppid': 1, 'create_time': 1.0, 'exe': None})
+    monkeypatch.setattr(processes, '_PSUTIL', [fake, None])
+    inventory = processes.ProcessInventory(proc_root=tree.root, use_psutil=True, scan_fds=False)
+    assert inventory.use_psutil
+    rec = inventory.record(4242)
+    assert not rec.found and rec.user is None and rec.uid is None
+    assert _kill_alices(rec, tree, monkeypatch) == []
+    # the same read with no reuse is a whole, consistent record
+    fake.on_read = lambda: None
+    rec = inventory.record(4242)
+    assert rec.found and (rec.uid, rec.starttime, rec.identity.uids) == (BOB, 2000, (BOB,) * 4)
+
+
+def test_a_psutil_record_of_a_process_that_exits_meanwhile_is_discarded(tmp_path, monkeypatch):
+    tree = ProcTree(tmp_path)
+    tree.add(4242)
+    fake = FakePsutil(lambda: tree.remove(4242), {'name': 'train'})
+    monkeypatch.setattr(processes, '_PSUTIL', [fake, None])
+    assert not processes.ProcessInventory(proc_root=tree.root, use_psutil=True, scan_fds=False).record(4242).found
+
+    def gone():
+        raise fake.NoSuchProcess(4242)
+
+    tree.add(4242)
+    fake.on_read = gone
+    assert not processes.ProcessInventory(proc_root=tree.root, use_psutil=True, scan_fds=False).record(4242).found
+
+
+@pytest.mark.parametrize('step', ['read_exe_identity', 'read_cmdline'])
+def test_a_proc_record_read_across_a_pid_reuse_is_discarded(tmp_path, monkeypatch, step):
+    """The same on the /proc path (the guard's), with the pid reused between the uid read and the
+    executable, or while the command line is read."""
+    tree = ProcTree(tmp_path)
+    tree.add(4242, uid=ALICE, starttime=1000)
+    module = I if step == 'read_exe_identity' else processes
+    real = getattr(module, step)
+
+    def reused(*args, **kwargs):
+        tree.add(4242, uid=BOB, starttime=2000)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, step, reused)
+    rec = processes.ProcessInventory(proc_root=tree.root, use_psutil=False, scan_fds=False).record(4242)
+    assert not rec.found
+    for read in (processes.read_proc_files, killer.read_proc):
+        tree.add(4242, uid=ALICE, starttime=1000)
+        assert read(4242, tree.root) is None, read
+    monkeypatch.setattr(module, step, real)
+    assert _kill_alices(rec, tree, monkeypatch) == []
+
+
+def test_an_owner_that_cannot_be_read_is_read_once_more(tmp_path, monkeypatch):
+    tree = ProcTree(tmp_path)
+    tree.add(4242, uid=ALICE)
+    real = I.read_bytes
+    failures = []
+
+    def flaky(path, limit=None):
+        if path.endswith('/status') and not failures:
+            failures.append(path)
+            raise OSError(5, 'Input/output error')
+        return real(path, limit)
+
+    monkeypatch.setattr(I, 'read_bytes', flaky)
+    ident, _extra = I.read_identity(4242, tree.root)
+    assert failures and ident.uids == (ALICE,) * 4
+
+
+def test_a_process_gone_before_the_read_has_no_identity(tmp_path):
+    assert I.read_identity(4242, str(tmp_path)) == (None, None)
+    assert I.read_identity(h.unused_pid()) == (None, None)
+
+
+def test_a_pid_whose_owner_changed_since_the_snapshot_is_not_signalled(monkeypatch):
+    """Selected as alice's (users=[alice], a quota), owned by another uid when the killer looks: skipped."""
+    child = subprocess.Popen(['sleep', '600'])
+    try:
+        h.wait_for(lambda: (I.read_stat(child.pid) or {}).get('comm') == 'sleep', what='sleep to start')
+        ident, _extra = I.read_identity(child.pid)
+        snap = snapshot([proc(child.pid, 'alice', {0: 4096}, uid=ALICE, starttime=ident.starttime)])
+        snap.processes[0].identity = I.Identity(child.pid, ident.starttime, 'S', 1, 1, 0, 'sleep', (ALICE,) * 4, ident.exe)
+        sent = _no_signals(monkeypatch)
+        decided = plan(snap, Selector(pids=[child.pid]), ReclaimOptions(), killer.Protection(protect_names=[]))
+        monkeypatch.undo()  # os.kill again, for the cleanup below
+        assert decided.victims == [] and sent == []
+        (skipped,) = decided.skipped
+        assert skipped['reason'] == 'pid %d was selected as uid %d\'s but is now owned by uid %d: not signalled' % (
+            child.pid, ALICE, os.getuid())
+    finally:
+        child.kill()
+        child.wait(10)
