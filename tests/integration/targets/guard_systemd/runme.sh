@@ -30,7 +30,7 @@ ansible-playbook "${INV[@]}" remove.yml "$@"
 for node in node01 node02; do
   left="$(cd "$FLEET_DIR/nodes/$node/fs" && find etc/gpufleet var/lib/gpufleet var/log/gpufleet opt/gpufleet etc/cron.d etc/logrotate.d \
           var/lib/node_exporter etc/systemd/system \( -type f -o -type l \) \! -name 'gpufleet-sim-driver.service' \
-          \! -name 'gpufleet-node-sshd.service' 2>/dev/null || true)"
+          \! -name 'gpufleet-node-sshd.service' \! -path etc/gpufleet/python 2>/dev/null || true)"
   test -z "$left" || { echo "left behind on $node: $left"; exit 1; }
 done
 echo "guard_systemd: removed after ${SECONDS}s"
