@@ -298,7 +298,8 @@ def escalate(violations, state, now, policy):
     see it (so one tick under the limit never restarts the warnings and the grace); until then it
     keeps its escalation and, if it comes back, goes on from where it was.  It is cleared at once
     when it was acted on (the action ended it; a new one starts from its first warning) or when the
-    policy is disabled.
+    policy is disabled; and a violation acted on whose processes are all new (none the action was
+    taken on) starts over from its first warning even before a tick saw it gone.
     """
     tracked = state.setdefault('violations', {})
     esc = policy.escalation
@@ -309,8 +310,13 @@ def escalate(violations, state, now, policy):
             continue
         seen.add(violation.key)
         entry = tracked.get(violation.key)
+        if entry is not None and entry.get('acted_at') is not None and violation.pids and not set(violation.pids) & set(entry.get('pids') or ()):
+            # none of the processes the action was taken on is left: other processes of the same
+            # subject (a restarted job, the same job after a reboot) seen before a tick cleared the
+            # violation are a new violation, from its first warning (not a retry without warning)
+            entry = None
         if entry is None:
-            if len(tracked) >= MAX_TRACKED:
+            if len(tracked) >= MAX_TRACKED and violation.key not in tracked:
                 continue
             entry = tracked[violation.key] = {'first_seen': now, 'warnings': 0, 'last_warning': None, 'acted_at': None,
                                               'acts': 0, 'rule': violation.rule, 'subject': violation.subject,

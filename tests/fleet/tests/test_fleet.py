@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FLEET = os.path.dirname(HERE)
 UP = os.path.join(FLEET, 'up')
 DOWN = os.path.join(FLEET, 'down')
+REBOOT = os.path.join(FLEET, 'reboot')
 BIN = os.path.dirname(sys.executable)
 ANSIBLE = os.path.join(BIN, 'ansible') if os.path.exists(os.path.join(BIN, 'ansible')) else 'ansible'
 NODES = 4
@@ -400,13 +401,18 @@ def test_down_after_crashed_up(tmp_path):
     assert not any(is_running(r['unshare_pid'], r['unshare_starttime']) for r in records)
 
 
-def test_port_taken_meanwhile_is_retried(tmp_path, monkeypatch):
-    """A port that another process grabs between the bind test and sshd's bind: the node moves."""
+def import_fleet_lib():
     sys.path.insert(0, os.path.join(FLEET, 'lib'))
     try:
         import fleet as fleet_lib  # pylint: disable=import-outside-toplevel
     finally:
         sys.path.pop(0)
+    return fleet_lib
+
+
+def test_port_taken_meanwhile_is_retried(tmp_path, monkeypatch):
+    """A port that another process grabs between the bind test and sshd's bind: the node moves."""
+    fleet_lib = import_fleet_lib()
     blocker = socket.socket()
     blocker.bind(('127.0.0.1', 0))
     blocker.listen(1)
@@ -520,3 +526,53 @@ def test_a_node_that_dies_mid_playbook_is_unreachable_and_the_others_finish(tmp_
     finally:
         if os.path.exists(os.path.join(fleet_dir, 'nodes.json')):
             down(fleet_dir, env=env)
+
+
+def test_systemd_nodes_boot_reboot_and_go(tmp_path):
+    """up --systemd: systemd is pid 1 of each node and runs sshd and the simulated driver; services get
+    the node's environment; Ansible reaches the nodes as usual; reboot restarts one node (same port,
+    a fresh driver state) by its host pids; down leaves no process, no namespace and no cgroup."""
+    tmp = str(tmp_path)
+    fleet_dir = os.path.join(tmp, 'f')
+    env = py_env(tmp)
+    fds, records = [], []
+    try:
+        up(fleet_dir, 2, '--systemd', '--gpus', '2', env=env)
+        before = {r['name']: r for r in load_nodes(fleet_dir)}
+        records = list(before.values())
+        assert all(r['systemd'] and r['cgroups'] and r['init_pid'] != r['unshare_pid'] for r in records)
+        assert all(os.path.basename(os.readlink('/proc/%d/exe' % r['unshare_pid'])) == 'systemd-nspawn' for r in records)
+        fds = hold_namespaces(records)
+        out = ssh(fleet_dir, 'node01', 'cat /proc/1/comm; hostname; systemctl is-system-running --wait; '
+                  'systemd-run --quiet --wait --pipe --collect printenv GPU_SIM_STATE; ls /dev/nvidia1; '
+                  'gpusim spawn --gpu 1 --mib 1024 -- python job.py >/dev/null').stdout.split()
+        assert out == ['systemd', 'node01', 'running', '/var/lib/gpusim/state.json', '/dev/nvidia1']
+        shown = ansible(os.path.join(fleet_dir, 'inventory.ini'), 'gpu_nodes', ['-m', 'ansible.builtin.command', '-a', 'gpusim show'], env)
+        assert shown.stdout.count('CHANGED') == 2, shown.stdout
+        run([sys.executable, REBOOT, '--dir', fleet_dir, 'node01'], env=env, timeout=120)
+        after = {r['name']: r for r in load_nodes(fleet_dir)}
+        assert after['node02'] == before['node02']
+        assert after['node01']['port'] == before['node01']['port'] and after['node01']['init_pid'] != before['node01']['init_pid']
+        assert not is_running(before['node01']['init_pid'], before['node01']['init_starttime'])
+        assert json.loads(ssh(fleet_dir, 'node01', 'gpusim show').stdout)['processes'] == []  # no process survives a reboot
+        fds += hold_namespaces([after['node01']])
+        records.append(after['node01'])
+        refused = run([sys.executable, REBOOT, '--dir', fleet_dir, 'node07'], env=env, check=False)
+        assert refused.returncode == 1 and 'unknown node(s) node07' in refused.stdout
+    finally:
+        if os.path.exists(os.path.join(fleet_dir, 'nodes.json')):
+            down(fleet_dir, env=env)
+        try:
+            assert_fleet_gone(fleet_dir, records, fds)
+            assert [path for r in records for path in r['cgroups'] if os.path.exists(path)] == []
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+def test_systemd_needs_systemd_nspawn(tmp_path, monkeypatch):
+    """Without systemd-nspawn, up --systemd names the package to install."""
+    fleet_lib = import_fleet_lib()
+    monkeypatch.setenv('PATH', str(tmp_path))
+    with pytest.raises(fleet_lib.FleetError, match='install the Debian package systemd-container'):
+        fleet_lib.check_systemd_host(str(tmp_path))

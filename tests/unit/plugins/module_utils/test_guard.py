@@ -99,6 +99,27 @@ OVER = [proc(1, 'alice', {0: 12 * GIB})]
 UNDER = [proc(1, 'alice', {0: 6 * GIB})]
 
 
+def test_new_processes_after_the_action_are_a_new_violation(tmp_path):
+    """The action ended the process it was taken on; another process of the same user on the same GPU,
+    seen before a tick cleared the violation (a job restarted at once, or the same job after a node
+    reboot: found by tests/integration/targets/guard_systemd), starts from its first warning instead
+    of waiting for retry_after and being acted on without a warning."""
+    node = Node(tmp_path)
+    node.snap = snapshot(OVER)
+    steps = [decisions(node.tick(advance)) for advance in (0, 300, 300)]
+    assert steps == [[('warn', 'max_mem_per_gpu', 1)], [('warn', 'max_mem_per_gpu', 2)], [('act', 'max_mem_per_gpu', 2)]]
+    node.snap = snapshot([proc(7, 'alice', {0: 12 * GIB})])                 # pid 1 is gone, alice's pid 7 in its place
+    assert decisions(node.tick(5)) == [('warn', 'max_mem_per_gpu', 1)]
+    [entry] = node.state()['violations'].values()
+    assert entry['acted_at'] is None and entry['pids'] == [7] and entry['warnings'] == 1
+    assert decisions(node.tick(300)) == [('warn', 'max_mem_per_gpu', 2)]
+    summary = node.tick(300)
+    assert decisions(summary) == [('act', 'max_mem_per_gpu', 2)] and summary['decisions'][0]['pids'] == [7]
+    node.snap = snapshot([proc(7, 'alice', {0: 12 * GIB}), proc(8, 'alice', {0: 1 * GIB})])   # pid 7 survived: a retry
+    assert decisions(node.tick(60)) == []
+    assert decisions(node.tick(240)) == [('act', 'max_mem_per_gpu', 2)]
+
+
 def test_single_ticks_under_the_limit_do_not_restart_the_escalation(tmp_path):
     """Over the limit on 4 ticks of 5 (30 s apart), under it on the 5th: warned, warned again, acted on after the grace."""
     node = Node(tmp_path)
