@@ -25,7 +25,11 @@ description:
     reads clean on every GPU and no reboot is pending.
   - C(reboot_flag) - a reset cannot help (Xid 79, recovery action C(reboot), kernel references) or it failed - the
     root-owned flag file O(reboot_flag) names the GPUs and the reasons. A GPU named there waits for the reboot.
-  - A handled Xid event is remembered in O(state_path), so a rerun changes nothing.
+  - A handled Xid event is remembered in O(state_path), so a rerun changes nothing; so is the time of each verified
+    reset - the Xid lines logged before it stay in the kernel log, but they change that GPU's health no more, and the
+    node returns to service once health reads clean.
+  - Every driver read runs under O(driver_timeout) - a hung driver fails the task with C(driver_hung) naming the call,
+    before any step is taken.
 author:
   - gpufleet.reclaim developers (!UNKNOWN)
 requirements:
@@ -35,6 +39,7 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - gpufleet.reclaim._attributes
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
+  - gpufleet.reclaim._attributes.DRIVER_TIMEOUT
 attributes:
   check_mode:
     support: full
@@ -192,12 +197,19 @@ msg:
   description: One-line summary.
   returned: always
   type: str
+driver_hung:
+  description:
+    - The driver call that did not return within O(driver_timeout) - C(call), C(vendor), C(gpu), C(pci_bus_id),
+      C(timeout_s), C(message). The task then fails and no step is taken.
+  returned: when the driver hung
+  type: dict
 """
 
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
@@ -227,6 +239,7 @@ def argument_spec():
         state_path=dict(type='path', default=DEFAULT_STATE_PATH),
         vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
         audit_log=dict(type='path', default='/var/log/gpufleet/actions.jsonl'),
+        driver_timeout=watchdog.option(),
     )
 
 
@@ -247,6 +260,8 @@ def main():
     try:
         options = build(module.params)
         result = remediate(options, module_host(module), check_mode=module.check_mode)
+    except watchdog.DriverHung as exc:
+        module.fail_json(msg=str(exc), driver_hung=exc.details)
     except InvalidArgument as exc:
         module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
     except GpuFleetError as exc:

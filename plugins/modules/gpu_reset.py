@@ -309,6 +309,12 @@ resets:
       description: Time spent on this GPU.
       type: float
       returned: always
+    reset_at:
+      description:
+        - When the reset command ran (epoch seconds), V(null) when none ran. The Xid lines logged before it stay in the
+          kernel log; health read after the reset leaves them out.
+      type: float
+      returned: always
     error:
       description: Why the GPU failed or was refused, with what to do.
       type: str

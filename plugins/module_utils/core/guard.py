@@ -725,7 +725,8 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         inventory = ProcessInventory(dev_roots=dev_roots, use_psutil=False, scan_fds=False)
         try:
             snapshot = take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=dev_roots, inventory=inventory,
-                                     driver_timeout=getattr(settings, 'driver_timeout', watchdog.DEFAULT_TICK_TIMEOUT))
+                                     driver_timeout=getattr(settings, 'driver_timeout', watchdog.DEFAULT_TICK_TIMEOUT),
+                                     xid_since=ladder_health_since(policy, paths, now))
         except (watchdog.DriverHung, watchdog.DriverCrashed) as exc:
             return _driver_failed(paths, summary, exc, write, wall0, cpu0, state.get('counters') or {})
     warnings.extend(snapshot.errors)
@@ -758,7 +759,9 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
                 decision.outcome = {'result': 'test', 'would': decision.violation.action if mode == 'enforce' else 'log only (mode %s)' % mode,
                                     'pids': list(decision.violation.pids)}
     if policy.remediation.enabled:
-        summary['remediation'] = remediate_tick(paths, policy, mode, snapshot, write, tick_id, host, warnings)
+        summary['remediation'] = remediate_tick(paths, policy, mode, snapshot, write, tick_id, host, warnings,
+                                                driver_timeout=getattr(settings, 'driver_timeout', watchdog.DEFAULT_TICK_TIMEOUT))
+        _count_ladder(counters, summary['remediation'])
     records = []
     for decision in decisions:
         entry = decision.to_dict(patterns)
@@ -794,7 +797,8 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
             warnings.append('could not save the state %s: %s' % (paths.state, exc.strerror or exc))
             summary['rc'] = 1
         tick = {'time': now, 'duration': time.time() - wall0, 'cpu': time.process_time() - cpu0}
-        _write_metrics(paths, snapshot, violations, counters, tick, mode, True, policy.enabled, warnings)
+        _write_metrics(paths, snapshot, violations, counters, tick, mode, True, policy.enabled, warnings,
+                       reboot_flagged=_reboot_flagged(policy))
     summary['duration'] = round(time.time() - wall0, 3)
     summary['cpu'] = round(time.process_time() - cpu0, 3)
     return summary
@@ -816,14 +820,30 @@ def remediation_options(policy, paths):
                             audit_path=paths.audit_log or None)
 
 
-def remediate_tick(paths, policy, mode, snapshot, write, tick_id, host, warnings, run=None):
+def ladder_health_since(policy, paths, now):
+    """The tick snapshot's ``xid_since`` when the ladder runs: the Xid lines from before a GPU's verified
+    reset (they stay in the kernel log) change its health no more, so the node can return to service."""
+    if not policy.remediation.enabled:
+        return None
+    from .remediate import health_since, load_ladder_state  # pylint: disable=import-outside-toplevel
+    state, _problem = load_ladder_state(remediation_options(policy, paths))   # the ladder itself reports a problem
+    return health_since(state, now)
+
+
+def remediate_tick(paths, policy, mode, snapshot, write, tick_id, host, warnings, run=None, driver_timeout=None):
     """The remediation ladder of one tick (policy ``remediation``): acts in mode enforce only; in
     dry-run, warn and ``test`` it predicts (check mode).  Each GPU step and node step is logged
-    (``guard_remediation``) with its evidence; GPUs with nothing to do are not.  ``run`` is a seam."""
+    (``guard_remediation``) with its evidence; GPUs with nothing to do are not.  The ladder's own driver
+    reads (before a kill, around a reset) run under ``driver_timeout`` like the tick's.  ``run`` is a seam."""
     from .remediate import remediate  # pylint: disable=import-outside-toplevel
+    from .reset import Host  # pylint: disable=import-outside-toplevel
     check_mode = mode != 'enforce' or not write
     try:
-        result = (run or remediate)(remediation_options(policy, paths), check_mode=check_mode, snapshot=snapshot)
+        result = (run or remediate)(remediation_options(policy, paths), Host(driver_timeout=driver_timeout),
+                                    check_mode=check_mode, snapshot=snapshot)
+    except (watchdog.DriverHung, watchdog.DriverCrashed) as exc:
+        warnings.append('the remediation ladder stopped: %s' % exc)
+        return {'error': str(exc), 'driver_hung': exc.details if isinstance(exc, watchdog.DriverHung) else None}
     except (GpuFleetError, OSError) as exc:
         warnings.append('the remediation ladder failed: %s' % exc)
         return {'error': str(exc)}
@@ -841,11 +861,33 @@ def remediate_tick(paths, policy, mode, snapshot, write, tick_id, host, warnings
     return result
 
 
-def _write_metrics(paths, snapshot, violations, counters, tick, mode, valid, enabled, warnings):
+def _count_ladder(counters, result):
+    """Count the ladder steps this tick carried out (metrics ``gpufleet_guard_remediation_steps``)."""
+    for gpu in result.get('gpus') or ():
+        for step in gpu['ladder']:
+            if step['status'] == 'done':
+                _count(counters, 'remediation_steps', step['step'])
+    for name, outcome in (result.get('node') or {}).items():
+        if isinstance(outcome, dict) and outcome.get('status') in ('done', 'written'):
+            _count(counters, 'remediation_steps', name)
+
+
+def _reboot_flagged(policy):
+    """The GPUs that the remediation ladder's reboot flag of this boot names (the guard's ladder or the
+    gpufleet.reclaim.remediate playbook wrote it), for the metrics; nothing read when there is no flag."""
+    path = policy.remediation.reboot_flag
+    if not path or not os.path.lexists(path):
+        return ()
+    from .remediate import flagged_gpus  # pylint: disable=import-outside-toplevel
+    return flagged_gpus(path)
+
+
+def _write_metrics(paths, snapshot, violations, counters, tick, mode, valid, enabled, warnings, reboot_flagged=()):
     if not paths.metrics:
         return
     try:
-        text = metrics_mod.guard_metrics(snapshot, violations, counters, tick, mode, valid, enabled).render()
+        text = metrics_mod.guard_metrics(snapshot, violations, counters, tick, mode, valid, enabled,
+                                         reboot_flagged=reboot_flagged).render()
         safe_files.write_atomic(paths.metrics, text, mode=0o644, dir_mode=0o755, strict=False)
     except OSError as exc:
         warnings.append('could not write the metrics %s: %s' % (paths.metrics, exc.strerror or exc))

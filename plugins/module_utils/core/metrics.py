@@ -78,8 +78,9 @@ class Metrics(object):
         return '\n'.join(lines) + '\n'
 
 
-def _health_metrics(out, dev, labels):
-    """Health figures of one GPU: Xid errors by code, the driver's recovery action, whether a reboot is wanted."""
+def _health_metrics(out, dev, labels, reboot_flagged):
+    """Health figures of one GPU: Xid errors by code, the driver's recovery action, whether a reboot is wanted
+    (health says so, or the remediation ladder's reboot flag names the GPU: ``reboot_flagged``, GPU keys)."""
     codes = {}
     for event in dev.xid_events or ():
         codes[event.code] = codes.get(event.code, 0) + 1
@@ -92,14 +93,16 @@ def _health_metrics(out, dev, labels):
             out.add('gpufleet_gpu_recovery_action', 'gauge', "The driver's GPU recovery action (1 for the current one)",
                     action == dev.recovery_action, dict(labels, action=action))
     out.add('gpufleet_gpu_reboot_wanted', 'gauge', '1 when only a reboot of the node can bring the GPU back (Xid 79, '
-            'recovery action reboot)', dev.health.recommended_action == 'reboot', labels)
+            'recovery action reboot, a reset that failed: the reboot flag names it)',
+            dev.health.recommended_action == 'reboot' or dev.key in reboot_flagged, labels)
     out.add('gpufleet_gpu_health_status', 'gauge', 'GPU health: 0 ok, 1 degraded, 2 lost',
             HEALTH_STATUSES.index(dev.health.status), labels)
 
 
 def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=None, policy_valid=True,
-                  enabled=True, host=None):
-    """The Metrics of one tick: GPU and per-user memory, current violations, counters, tick info."""
+                  enabled=True, host=None, reboot_flagged=()):
+    """The Metrics of one tick: GPU and per-user memory, health, current violations, counters, tick info.
+    ``reboot_flagged``: the keys of the GPUs the remediation ladder's reboot flag names (this boot's)."""
     out = Metrics()
     counters = counters or {}
     if snapshot is not None:
@@ -110,7 +113,7 @@ def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=N
             out.add('gpufleet_gpu_utilization_percent', 'gauge', 'GPU utilization (percent)', dev.utilization_pct, labels)
             out.add('gpufleet_gpu_orphaned_memory_mib', 'gauge', 'GPU memory no listed process accounts for (MiB)',
                     dev.orphaned_mib, labels)
-            _health_metrics(out, dev, labels)
+            _health_metrics(out, dev, labels, reboot_flagged)
         per_user = {}
         procs = {}
         for proc in snapshot.processes:
@@ -135,11 +138,14 @@ def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=N
                             ('gpufleet_guard_kills', 'kills', 'Processes the guard ended, per rule'),
                             ('gpufleet_guard_actions', 'actions', 'Actions decided (taken, or logged in dry-run/warn), per rule'),
                             ('gpufleet_guard_action_failures', 'failures', 'Processes an action could not end, per rule'),
-                            ('gpufleet_guard_notify_failures', 'notify_failures', 'Notifications that failed, per channel')):
+                            ('gpufleet_guard_notify_failures', 'notify_failures', 'Notifications that failed, per channel'),
+                            ('gpufleet_guard_remediation_steps', 'remediation_steps',
+                             'Remediation ladder steps carried out (kill, reset, drain, reboot flag, undrain), per step')):
         values = counters.get(key) or {}
         out.family(name, 'counter', text)
+        label_name = {'notify_failures': 'channel', 'remediation_steps': 'step'}.get(key, 'rule')
         for label in sorted(values):
-            out.add(name, 'counter', text, values[label], {'channel' if key == 'notify_failures' else 'rule': label})
+            out.add(name, 'counter', text, values[label], {label_name: label})
     out.add('gpufleet_guard_ticks', 'counter', 'Guard ticks run since the state was created', counters.get('ticks', 0))
     out.add('gpufleet_guard_state_rebuilt', 'counter', 'Times the state file was missing or corrupt and rebuilt',
             counters.get('state_rebuilt', 0))

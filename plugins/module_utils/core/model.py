@@ -214,6 +214,12 @@ class Device(_Record):
     _defaults = {'processes_complete': True}
     _factories = {'health': Health, 'driver_processes': list, 'errors': list}
 
+    @property
+    def key(self):
+        """How files kept across reads name the GPU (the remediation ladder's state and reboot flag, the metrics):
+        its UUID, else its PCI bus id, else ``index:N`` (a lost GPU answers neither)."""
+        return self.uuid or self.pci_bus_id or 'index:%s' % self.index
+
     def add_xid_event(self, event):
         """Keep ``event`` (an XidEvent) among the device's most recent MAX_XID_EVENTS, oldest first.
 

@@ -13,10 +13,13 @@ gpu_remediate module and for the guard's ``remediation`` policy section.  Check 
 whole ladder: the planned steps, and for each reset the reset's own check (reset.reset in check
 mode), so a reset that would be refused shows the drain and reboot flag that would follow.
 
-Inputs per GPU (gpu_facts): ``xid_events`` ({time, code, pid, pci_bus_id, message}),
-``recovery_action`` (none, reset, reboot, drain_p2p, drain_and_reset, or null), orphaned memory and
-health.  Each Xid is classified by core/xid.py (fault, remediation); a handled event is remembered
-in the ladder's state file (``state_path``) so that a rerun does not act on it again.
+Inputs per GPU (the snapshot's Devices, as gpu_facts reports them): ``xid_events`` (model.XidEvent
+records, classified by core/xid.py's table: ``fault`` and ``action``), ``recovery_action`` (none, reset,
+reboot, drain_p2p, drain_and_reset, or None), orphaned memory and health.  A handled event is remembered
+in the ladder's state file (``state_path``) so that a rerun does not act on it again, and so is the time
+of each verified reset: the Xid lines logged before it stay in the kernel log, but they change no health
+of that GPU any more (``health_since``: the snapshots' ``xid_since``), so the node returns to service once
+health reads clean.
 
 Steps (``STEPS``):
 
@@ -38,7 +41,6 @@ Steps (``STEPS``):
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import socket
@@ -53,10 +55,7 @@ from .reset import RELEASE_TIMEOUT, SIGKILL_WAIT, Host, ResetOptions, recovery_a
 from .select import Selector
 from .text import printable
 
-try:  # the Xid table (issue #17 item 2); until it is on this branch, the fallback below stands in
-    from . import xid as xid_table
-except ImportError:  # pragma: no cover - depends on the branch
-    xid_table = None
+from .xid import DEFAULT_WINDOW_S
 
 STEPS = ('kill_application', 'reset', 'drain', 'reboot_flag', 'undrain')
 DEFAULT_REBOOT_FLAG = '/var/lib/gpufleet/reboot-wanted'
@@ -66,64 +65,16 @@ FLAG_LIMIT = 256 * 1024
 STATE_LIMIT = 4 * 1024 * 1024
 MAX_HANDLED = 2000
 REASON_LEN = 200
-REMEDIATIONS = ('kill_app', 'reset', 'drain', 'reboot')
 # recovery action -> steps; drain_and_reset is a reset with the GPU in the NVML drain state (gpu_reset drain)
 RECOVERY = {'reset': ('reset',), 'drain_and_reset': ('reset',), 'reboot': ('reboot',), 'drain_p2p': ('drain',)}
 
-# Stand-in for core/xid.py while it is not on this branch: (fault, remediation) of the codes of
-# NVIDIA's Xid catalogue that the ladder acts on.  Removed once core/xid.py lands.
-_FALLBACK_XIDS = {
-    13: ('application', 'kill_app'), 31: ('application', 'kill_app'), 43: ('application', 'kill_app'),
-    45: ('application', None), 48: ('gpu', 'reset'), 63: ('gpu', 'reset'), 64: ('gpu', 'drain'),
-    74: ('gpu', 'reset'), 79: ('gpu', 'reboot'), 92: ('gpu', 'drain'), 94: ('application', 'kill_app'),
-    95: ('gpu', 'reset'), 119: ('gpu', 'reset'), 120: ('gpu', 'reset'),
-}
-
-
-def classify_xid(code):
-    """(fault, remediation) of Xid ``code``: remediation one of REMEDIATIONS or None (nothing to do)."""
-    if xid_table is not None:
-        _meaning, fault, remediation = xid_table.classify(code)   # (meaning, fault, action)
-    else:
-        fault, remediation = _FALLBACK_XIDS.get(code, ('unknown', None))
-    return fault or 'unknown', remediation if remediation in REMEDIATIONS else None
-
-
-def _event_time(value):
-    """Epoch seconds of an event's ``time`` (a number or ISO 8601 text), or None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str) and value:
-        try:
-            stamp = datetime.datetime.fromisoformat(value.replace('Z', '+00:00'))
-        except ValueError:
-            return None
-        if stamp.tzinfo is None:
-            stamp = stamp.replace(tzinfo=datetime.timezone.utc)
-        return stamp.timestamp()
-    return None
-
-
 def xid_events(dev):
-    """The GPU's recent Xid events (gpu_facts ``xid_events``), each a dict with an int ``code``."""
-    out = []
-    for event in getattr(dev, 'xid_events', None) or ():
-        if not isinstance(event, dict):  # the model's event records
-            event = dict((key, getattr(event, key, None)) for key in ('time', 'code', 'pid', 'pci_bus_id', 'message'))
-        if isinstance(event, dict) and isinstance(event.get('code'), int) and not isinstance(event.get('code'), bool):
-            out.append(event)
-    return out
-
-
-def gpu_key(dev):
-    """How the ladder's files name a GPU: its UUID, else its PCI bus id, else ``index:N`` (a lost GPU answers neither)."""
-    return dev.uuid or dev.pci_bus_id or 'index:%s' % dev.index
+    """The GPU's recent Xid events (model.XidEvent, oldest first); none when no source could tell."""
+    return list(dev.xid_events or ())
 
 
 def event_key(dev, event):
-    return '%s|%s|%s|%s' % (gpu_key(dev), event.get('time'), event.get('code'), event.get('pid'))
+    return '%s|%s|%s|%s' % (dev.key, event.time, event.code, event.pid)
 
 
 # ---------------------------------------------------------------------------- options
@@ -212,12 +163,35 @@ def load_ladder_state(options):
     state, problem = _read_json(options.state_path, STATE_LIMIT)
     handled = state.get('handled') if isinstance(state.get('handled'), dict) else {}
     drained = state.get('drained') if isinstance(state.get('drained'), dict) else None
-    return {'handled': handled, 'drained': drained}, problem
+    reset_at = state.get('reset_at') if isinstance(state.get('reset_at'), dict) else {}
+    reset_at = dict((key, value) for key, value in reset_at.items()
+                    if isinstance(value, (int, float)) and not isinstance(value, bool))
+    return {'handled': handled, 'drained': drained, 'reset_at': reset_at}, problem
 
 
-def load_reboot_flag(options, current_boot):
+def flagged_gpus(path):
+    """The GPUs (their keys) that the reboot flag ``path`` of this boot names: they wait for a reboot."""
+    flag, stale = load_reboot_flag(path, boot_id())
+    return sorted((flag or {}).get('gpus') or {}) if flag and not stale else []
+
+
+def health_since(ladder_state, now=None):
+    """The snapshots' ``xid_since`` (a function of the Device): a GPU's Xid events from before its last
+    verified reset change its health no more (they stay in the kernel log); else the default window."""
+    reset_at = (ladder_state or {}).get('reset_at') or {}
+    if not reset_at:
+        return None
+    window = (time.time() if now is None else now) - DEFAULT_WINDOW_S
+
+    def since(dev):
+        when = reset_at.get(dev.key)
+        return max(window, when) if when is not None else None
+    return since
+
+
+def load_reboot_flag(path, current_boot):
     """(the flag's data or None, stale: True when it was written before the last boot)."""
-    flag, _problem = _read_json(options.reboot_flag, FLAG_LIMIT)
+    flag, _problem = _read_json(path, FLAG_LIMIT)
     if not flag:
         return None, False
     return flag, bool(current_boot) and flag.get('boot_id') != current_boot
@@ -254,6 +228,7 @@ class GpuLadder(object):
         self.steps = []
         self.handled = []           # event keys this ladder resolves once its steps ran
         self.awaiting_reboot = None
+        self.reset_at = None        # when its verified reset ran (epoch seconds)
         self.status = 'ok'
 
     def add(self, step):
@@ -272,7 +247,7 @@ class GpuLadder(object):
 
     def to_dict(self):
         dev = self.dev
-        return {'index': dev.index, 'key': gpu_key(dev), 'uuid': dev.uuid, 'pci_bus_id': dev.pci_bus_id, 'name': dev.name,
+        return {'index': dev.index, 'key': dev.key, 'uuid': dev.uuid, 'pci_bus_id': dev.pci_bus_id, 'name': dev.name,
                 'findings': list(self.findings), 'ladder': [s.to_dict() for s in self.steps], 'status': self.status,
                 'awaiting_reboot': self.awaiting_reboot, 'recovery_action': recovery_action(dev),
                 'health': dev.health.to_dict()}
@@ -290,19 +265,18 @@ def _classify(ladder, dev, options, handled):
     """Findings and steps from the Xid events, the recovery action, orphaned memory and health."""
     for event in xid_events(dev):
         key = event_key(dev, event)
-        fault, remediation = classify_xid(event['code'])
-        evidence = {'source': 'xid', 'code': event['code'], 'time': event.get('time'), 'pid': event.get('pid'),
-                    'fault': fault, 'remediation': remediation, 'message': printable(event.get('message'))}
+        remediation = event.action if event.action != 'none' else None
+        evidence = {'source': 'xid', 'code': event.code, 'time': event.time, 'pid': event.pid, 'name': event.name,
+                    'log': event.source, 'fault': event.fault, 'remediation': remediation, 'message': event.message}
         if key in handled:
             evidence['handled'] = handled[key]
             ladder.findings.append(evidence)
             continue
         ladder.findings.append(evidence)
-        what = 'Xid %d (%s fault)' % (event['code'], fault)
+        what = 'Xid %d (%s fault)' % (event.code, event.fault)
         if remediation == 'kill_app':
-            if event.get('pid') and options.kill_application_xids:
-                ladder.add(Step('kill_application', '%s names pid %s' % (what, event['pid']), evidence,
-                                pid=int(event['pid']), event=event))
+            if event.pid and options.kill_application_xids:
+                ladder.add(Step('kill_application', '%s names pid %s' % (what, event.pid), evidence, pid=event.pid, event=event))
             ladder.handled.append(key)
         elif remediation == 'reset':
             ladder.add(Step('reset', what, evidence))
@@ -352,8 +326,8 @@ def plan_remediation(snapshot, options, ladder_state=None, reboot_flag=None):
     for dev in _selected(snapshot, options):
         ladder = GpuLadder(dev)
         _classify(ladder, dev, options, handled)
-        if gpu_key(dev) in waiting:
-            ladder.awaiting_reboot = waiting[gpu_key(dev)]
+        if dev.key in waiting:
+            ladder.awaiting_reboot = waiting[dev.key]
             ladder.steps = []
             ladder.status = 'awaiting_reboot'
         else:
@@ -401,7 +375,7 @@ def _kill(step, dev, options, host, check_mode):
     if proc is None or now_dev is None or now_dev.index not in (proc.gpu_indexes or []):
         step.status, step.detail = 'done', 'pid %d no longer runs on GPU %s: nothing to terminate' % (pid, dev.index)
         return False
-    when = _event_time(step.event.get('time')) if step.event else None
+    when = step.event.time if step.event else None
     if when is not None and proc.create_time is not None and proc.create_time > when + 1.0:
         step.status, step.detail = 'skipped', 'pid %d started after the Xid (the pid was reused): not terminated' % pid
         return False
@@ -435,6 +409,7 @@ def _reset(step, dev, options, host, check_mode):
     if entry['status'] in ('reset', 'would_reset'):
         step.status = 'would_run' if check_mode else 'done'
         step.detail = 'would reset' if check_mode else 'reset and verified'
+        step.result['reset_at'] = entry['reset_at']
         return changed, None
     step.status = 'would_be_refused' if check_mode and entry['status'] == 'refused' else entry['status']
     step.detail = entry['error']
@@ -482,20 +457,22 @@ def _remove(path):
 def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=None, now=None):
     """Run the ladder once and return the result (gpu_remediate's return values).
 
-    ``snapshot`` (the guard's tick), ``scheduler`` ('slurmd', 'kubelet' or None; default read from
-    /proc) and ``now`` are seams.  Nothing is changed in ``check_mode``.
+    ``snapshot``: the guard's tick (taken with ``xid_since=health_since(...)`` of this ladder's state);
+    else the ladder reads the GPUs itself, through ``host`` (its ``driver_timeout``: a hung driver raises
+    watchdog.DriverHung before anything is done).  ``scheduler`` ('slurmd', 'kubelet' or None; default
+    read from /proc) and ``now`` are seams.  Nothing is changed in ``check_mode``.
     """
     now = time.time() if now is None else now
     host = host or Host()
     run = Run(options, host, check_mode)
-    if snapshot is None:
-        snapshot = host.snapshot(vendor=options.vendor, gather_processes=True)
-    run.warnings.extend(snapshot.errors)
-    current_boot = boot_id()
     state, problem = load_ladder_state(options)
     if problem:
         run.warnings.append(problem)
-    flag, stale = load_reboot_flag(options, current_boot)
+    if snapshot is None:
+        snapshot = host.snapshot(vendor=options.vendor, gather_processes=True, xid_since=health_since(state, now))
+    run.warnings.extend(snapshot.errors)
+    current_boot = boot_id()
+    flag, stale = load_reboot_flag(options.reboot_flag, current_boot)
     flag_removed = False
     if stale:
         if not check_mode:
@@ -513,6 +490,8 @@ def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=Non
         if not check_mode:
             for key in ladder.handled:
                 state['handled'][key] = now
+            if ladder.reset_at is not None:
+                state['reset_at'][ladder.dev.key] = ladder.reset_at
     node_steps = _node_steps(run, node, options, state, flag, reboot_wanted, drain_reasons, ladders, current_boot, now)
     for ladder in ladders:  # the GPU's node-wide steps carry the node's outcome
         for step in ladder.steps:
@@ -534,6 +513,8 @@ def _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons):
         elif step.name == 'reset':
             changed, escalate = _reset(step, dev, options, host, run.check_mode)
             run.changed |= changed
+            if step.status == 'done':
+                ladder.reset_at = step.result.get('reset_at')
             if step.status not in ('done', 'would_run'):
                 if escalate is not None:
                     ladder.add(Step('reboot_flag', escalate, {'source': 'reset', 'error': step.detail}))
@@ -549,7 +530,7 @@ def _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons):
                 drain_reasons.append('%s: %s' % (label, step.why))
             step.status = 'node'
         elif step.name == 'reboot_flag':
-            reboot_wanted[gpu_key(dev)] = printable(step.why)
+            reboot_wanted[dev.key] = printable(step.why)
             drain_reasons.append('%s: reboot wanted (%s)' % (label, step.why))
             step.status = 'node'
     ladder.ordered()
@@ -624,6 +605,8 @@ def _save_state(options, state, run):
     if len(handled) > MAX_HANDLED:
         for key in sorted(handled, key=lambda k: handled[k])[:len(handled) - MAX_HANDLED]:
             del handled[key]
+    window = time.time() - DEFAULT_WINDOW_S   # an older reset time changes no health (health_since)
+    state['reset_at'] = dict((key, when) for key, when in state['reset_at'].items() if when > window)
     try:
         safe_files.write_atomic(options.state_path, json.dumps(state, sort_keys=True) + '\n', mode=0o600)
     except OSError as exc:

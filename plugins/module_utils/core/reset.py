@@ -168,9 +168,9 @@ class Host(object):
         rc, out, err = self.runner(list(argv))
         return rc, out or '', err or ''
 
-    def snapshot(self, vendor='auto', gather_processes=True):
+    def snapshot(self, vendor='auto', gather_processes=True, xid_since=None):
         return take_snapshot(vendor=vendor, gather_processes=gather_processes, dev_roots=self.dev_roots,
-                             factories=self.factories, driver_timeout=self.driver_timeout)
+                             factories=self.factories, driver_timeout=self.driver_timeout, xid_since=xid_since)
 
     def amdsmi_available(self):
         if self.amdsmi is False:
@@ -243,6 +243,7 @@ class GpuReset(object):
         self.after = None
         self.verified = False
         self.seconds = None
+        self.reset_at = None
         self.touched = False
         self.notes = []
         self.kernel_modules = []
@@ -277,6 +278,7 @@ class GpuReset(object):
             'method': self.method, 'command': self.command, 'output': self.output,
             'persistence_mode': dict(self.persistence), 'drain': dict(self.drain),
             'before': self.before, 'after': self.after, 'verified': self.verified, 'seconds': self.seconds,
+            'reset_at': self.reset_at,
             'error': self.error, 'kernel_modules': [r.to_dict() for r in self.kernel_modules],
             'reboot_recommended': self.reboot_reason is not None, 'reboot_reason': self.reboot_reason,
         }
@@ -807,11 +809,12 @@ def healthy(dev, threshold):
 
 
 def verify(item, options, host):
-    """Re-read the GPU until it passes healthy() or verify_timeout passes; fills ``after``."""
+    """Re-read the GPU until it passes healthy() or verify_timeout passes; fills ``after``.  The Xid lines
+    logged before the reset stay in the kernel log: they change no health of the re-read GPU."""
     start = host.clock()
     why = 'not checked'
     while True:
-        found = find_again(host.snapshot(vendor=item.dev.vendor, gather_processes=False), item.dev)
+        found = find_again(host.snapshot(vendor=item.dev.vendor, gather_processes=False, xid_since=item.reset_at), item.dev)
         if found is not None and found.orphaned_mib is None:
             found.compute_orphaned()
         why = healthy(found, options.orphan_threshold_mib)
@@ -918,6 +921,7 @@ def _act(item, options, host, warnings):
             error = 'this process holds an NVML session, which would block the reset (a bug: please report it)'
         if error is None:
             item.touched = True
+            item.reset_at = round(time.time(), 3)
             error = VENDOR_RESETS[item.dev.vendor](item, host)
             if error is None:
                 why = verify(item, options, host)

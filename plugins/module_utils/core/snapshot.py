@@ -173,7 +173,9 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
     driver_timeout: seconds the driver reads may take; they then run in a watchdog child
     (core/watchdog.py) and a read that does not finish raises watchdog.DriverHung (None: in this
     process, no deadline).
-    xid_since: Xid events older than this (epoch seconds) change no health (default: the last hour).
+    xid_since: Xid events older than this (epoch seconds) change no health (default: the last hour); or a
+    function of the Device that returns it (None: the default), so that one GPU's reset leaves the others'
+    health as it was (core/remediate.py ``health_since``).
     kmsg_path: the kernel log to read Xid lines from (default ``$_GPUFLEET_KMSG`` or /dev/kmsg).
     inventory: a ProcessInventory (tests); else one is built from dev_roots / proc_root (test seams).
     factories: vendor -> callable returning a Backend (tests).
@@ -192,7 +194,7 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
     errors.extend(unreadable)
     for index, dev in enumerate(all_devices):
         dev.index = index
-        xid.apply_health(dev, taken_at, xid_since)
+        xid.apply_health(dev, taken_at, xid_since(dev) if callable(xid_since) else xid_since)
 
     selected = resolve_gpus(all_devices, gpus)
     for dev in selected:

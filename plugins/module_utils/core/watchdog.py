@@ -68,7 +68,7 @@ def _seconds(value):
 
 
 def option():
-    """The argument spec of the ``driver_timeout`` option of gpu_facts, gpu_audit, gpu_kill and gpu_reset: one
+    """The argument spec of the ``driver_timeout`` option of gpu_facts, gpu_audit, gpu_kill, gpu_reset and gpu_remediate: one
     definition (documented by the doc fragment gpufleet.reclaim._attributes.DRIVER_TIMEOUT)."""
     return dict(type='float', default=DEFAULT_MODULE_TIMEOUT)
 

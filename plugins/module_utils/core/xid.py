@@ -15,14 +15,20 @@ The kernel log: the driver prints ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, na
 off the bus.`` (older drivers: no ``PCI:``, no pid, or ``pid='<unknown>'``).  ``read_kmsg()`` reads what
 ``/dev/kmsg`` holds now without blocking (one record per read; root, or CAP_SYSLOG, is needed) and turns
 the Xid records into XidEvents; ``$_GPUFLEET_KMSG`` names another file in the same format (the
-simulator's per-node fake kernel log: an internal test seam, never a user option).
+simulator's per-node fake kernel log: an internal test seam, never a user option).  Where ``/dev/kmsg``
+cannot be opened (the guard's systemd unit keeps ``ProtectKernelLogs=yes`` and grants no CAP_SYSLOG; a
+container without it), the kernel messages of this boot come from the journal instead: ``journalctl -k``
+(an argument list, bounded in entries, bytes and time; ``read_journal``).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
+import shutil
+import subprocess
 import time
 
 from .model import XidEvent
@@ -36,6 +42,9 @@ DEFAULT_WINDOW_S = 3600.0
 MAX_RECORDS = 200000
 MAX_BYTES = 64 * 1024 * 1024
 MAX_MESSAGE = 512
+# The journal fallback: the newest entries of this boot's kernel messages, and how long journalctl may take.
+JOURNAL_ENTRIES = 20000
+JOURNAL_TIMEOUT = 10.0
 
 FAULTS = ('application', 'gpu', 'driver', 'system', 'unknown')
 ACTIONS = ('none', 'kill_app', 'reset', 'drain', 'reboot')
@@ -149,7 +158,11 @@ def read_kmsg(path=None, now=None, monotonic=None):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
-        return None, 'cannot read the kernel log %s: %s' % (path, exc.strerror or exc)
+        error = 'cannot read the kernel log %s: %s' % (path, exc.strerror or exc)
+        if path != KMSG_PATH:
+            return None, error
+        events, why = read_journal()
+        return (events, None) if events is not None else (None, '%s; %s' % (error, why))
     events = []
     pending = b''
     total = 0
@@ -189,6 +202,44 @@ def read_kmsg(path=None, now=None, monotonic=None):
                 events.append(event)
     finally:
         os.close(fd)
+    return events, None
+
+
+def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT):
+    """(events, error): the Xid events among this boot's kernel messages in the journal (``journalctl -k -b -o json``,
+    its newest JOURNAL_ENTRIES entries, at most MAX_BYTES of output, within ``timeout`` seconds)."""
+    journalctl = journalctl or shutil.which('journalctl')
+    if not journalctl:
+        return None, 'no journalctl to read the kernel messages from the journal'
+    argv = [journalctl, '-k', '-b', '-o', 'json', '-n', str(JOURNAL_ENTRIES), '--no-pager', '-q']
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                close_fds=True)
+    except OSError as exc:
+        return None, 'cannot run %s: %s' % (journalctl, exc.strerror or exc)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()   # our own child, by its Popen handle
+        proc.communicate()
+        return None, '%s -k did not finish within %gs' % (journalctl, timeout)
+    if proc.returncode != 0:
+        return None, '%s -k failed (rc %d): %s' % (journalctl, proc.returncode,
+                                                   printable(err.decode('utf-8', 'replace').strip()[-300:]))
+    events = []
+    for line in out[:MAX_BYTES].splitlines():
+        try:
+            entry = json.loads(line.decode('utf-8', 'replace'))
+            message = entry.get('MESSAGE')
+            if isinstance(message, list):   # journald's form of a message that is not valid UTF-8
+                message = bytes(b & 0xff for b in message if isinstance(b, int)).decode('utf-8', 'replace')
+            stamp = entry.get('__REALTIME_TIMESTAMP')
+            time_s = round(int(stamp) / 1e6, 3) if isinstance(stamp, str) and stamp.isdigit() else None
+        except (ValueError, AttributeError):
+            continue
+        event = parse_line(message, time_s) if isinstance(message, str) and 'Xid' in message else None
+        if event is not None:
+            events.append(event)
     return events, None
 
 

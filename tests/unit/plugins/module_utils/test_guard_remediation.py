@@ -12,6 +12,7 @@ import os
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import xid
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import MONDAY_NOON, snapshot
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_guard import Node
 
@@ -60,7 +61,7 @@ def remediation_records(node):
 def test_a_tick_predicts_in_dry_run_acts_in_enforce_and_then_changes_nothing(tmp_path):
     flag = str(tmp_path / 'lib' / 'reboot-wanted')
     snap = snapshot(gpus=3)
-    snap.all_devices[2].xid_events = [{'time': MONDAY_NOON, 'code': 79, 'pid': None, 'pci_bus_id': None, 'message': 'Xid 79'}]
+    snap.all_devices[2].add_xid_event(xid.make_event(79, 'kmsg', time_s=MONDAY_NOON, message='GPU has fallen off the bus.'))
     node = Node(tmp_path, policy=POLICY % ('dry-run', flag), snap=snap)
     summary = node.tick()
     assert summary['rc'] == 0
@@ -86,7 +87,7 @@ def test_a_tick_predicts_in_dry_run_acts_in_enforce_and_then_changes_nothing(tmp
 
 def test_without_the_section_a_tick_runs_no_ladder(tmp_path):
     snap = snapshot(gpus=1)
-    snap.all_devices[0].xid_events = [{'time': MONDAY_NOON, 'code': 79}]
+    snap.all_devices[0].add_xid_event(xid.make_event(79, 'nvml', time_s=MONDAY_NOON))
     summary = Node(tmp_path, policy='mode: enforce\nnotify: {tty: false}\n', snap=snap).tick()
     assert summary['rc'] == 0 and 'remediation' not in summary
 

@@ -22,7 +22,7 @@ import pytest
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import guard, metrics, watchdog, xid
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.model import MAX_XID_EVENTS, Device
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
-from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_facts
+from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_facts, gpu_remediate
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 
 parser = pytest.importorskip('prometheus_client.parser')
@@ -159,6 +159,22 @@ def test_gpu_facts_fails_cleanly_with_driver_hung(node, monkeypatch):
     assert result['failed'] and 'driver_timeout' in result['msg']
 
 
+def test_gpu_remediate_fails_cleanly_with_driver_hung_before_any_step(node, monkeypatch, tmp_path):
+    h.patch_module_exits(monkeypatch)
+    leaked = node.gpusim('leak', '--gpu', '0', '--mib', '4096')   # a ladder that would reset GPU 0
+    node.gpusim('hang', '--gpu', '2', '--seconds', '60')
+    args = {'driver_timeout': 1.5, 'vendor': 'nvidia', 'reboot_flag': str(tmp_path / 'flag'),
+            'state_path': str(tmp_path / 'ladder.json'), 'audit_log': ''}
+    started = time.monotonic()
+    result = h.run_main(gpu_remediate.main, args)
+    assert time.monotonic() - started < 6, leaked
+    assert result['failed'] and result['driver_hung']['call'] == 'nvmlDeviceGetUUID' and result['driver_hung']['gpu'] == 2
+    assert json.loads(node.gpusim('show'))['gpus'][0]['reset_count'] == 0 and not os.listdir(str(tmp_path))
+    node.gpusim('hang', '--gpu', '2', '--seconds', '0')
+    result = h.run_main(gpu_remediate.main, dict(args, _ansible_check_mode=True))
+    assert not result.get('failed') and result['gpus'][0]['ladder'][0]['step'] == 'reset', result
+
+
 def test_a_crashing_driver_read_is_an_error_not_a_dead_caller(node, monkeypatch):
     monkeypatch.setenv('GPUSIM_NVML_SEGFAULT', 'nvmlDeviceGetUUID')
     with pytest.raises(watchdog.DriverCrashed, match='nvmlDeviceGetUUID'):
@@ -264,3 +280,60 @@ def test_health_metrics_render_with_help_and_type():
     xids = dict((s.labels['code'], s.value) for s in families['gpufleet_gpu_xid_errors'].samples)
     assert xids == {'48': 2, '79': 1}
     assert [s.value for s in families['gpufleet_gpu_reboot_wanted'].samples] == [1]
+
+
+def test_guard_metrics_reboot_wanted_also_from_the_ladders_reboot_flag():
+    """One figure: health says reboot, or the remediation ladder's flag of this boot names the GPU (a failed reset)."""
+    devs = [Device(vendor='nvidia', vendor_index=i, index=i, uuid='GPU-%d' % i, name='A100') for i in range(3)]
+    devs[0].add_xid_event(xid.make_event(79, 'kmsg', time_s=time.time()))
+    for dev in devs:
+        xid.apply_health(dev)
+
+    class Snap(object):
+        devices = devs
+        processes = []
+
+    text = metrics.guard_metrics(Snap(), counters={'remediation_steps': {'reset': 2}}, reboot_flagged=['GPU-1']).render()
+    families = dict((f.name, f) for f in parser.text_string_to_metric_families(text))
+    wanted = dict((s.labels['gpu'], s.value) for s in families['gpufleet_gpu_reboot_wanted'].samples)
+    assert wanted == {'0': 1, '1': 1, '2': 0}
+    assert [(s.labels, s.value) for s in families['gpufleet_guard_remediation_steps'].samples] == [({'step': 'reset'}, 2)]
+
+
+JOURNALCTL = r"""#!%(python)s
+# Fake journalctl of the kernel-log fallback test: records its argv, prints kernel messages as journalctl -o json does.
+import json, sys
+with open(%(log)r, 'a') as log:
+    log.write(json.dumps(sys.argv[1:]) + '\n')
+if %(rc)d:
+    sys.stderr.write('No journal files were found.\n')
+    sys.exit(%(rc)d)
+for stamp, message in [('1700000000000000', 'NVRM: Xid (PCI:0000:07:00): 79, pid=\'<unknown>\', name=<unknown>, GPU has fallen off the bus.'),
+                       ('1700000001500000', 'usb 1-1: new high-speed USB device'),
+                       ('1700000002000000', list(b'NVRM: Xid (PCI:0000:0b:00): 13, pid=42, name=py\xff, Graphics Exception'))]:
+    print(json.dumps({'__REALTIME_TIMESTAMP': stamp, 'MESSAGE': message, '_TRANSPORT': 'kernel'}))
+"""
+
+
+@pytest.mark.parametrize('rc', [0, 1])
+def test_without_dev_kmsg_the_kernel_log_comes_from_the_journal(tmp_path, monkeypatch, rc):
+    """The guard's unit keeps ProtectKernelLogs=yes (no /dev/kmsg): this boot's kernel messages come from journalctl -k."""
+    bindir = tmp_path / 'bin'
+    bindir.mkdir()
+    fake = bindir / 'journalctl'
+    fake.write_text(JOURNALCTL % {'python': sys.executable, 'log': str(tmp_path / 'argv.log'), 'rc': rc})
+    fake.chmod(0o755)
+    monkeypatch.setenv('PATH', '%s:%s' % (bindir, os.environ.get('PATH', '')))
+    monkeypatch.delenv(xid.KMSG_ENV, raising=False)
+    monkeypatch.setattr(xid, 'KMSG_PATH', str(tmp_path / 'no-kmsg'))
+    events, error = xid.read_kmsg()
+    argv = json.loads((tmp_path / 'argv.log').read_text())
+    assert argv[:4] == ['-k', '-b', '-o', 'json'] and '-n' in argv
+    if rc:
+        assert events is None and 'no-kmsg' in error and 'rc 1' in error and 'No journal files' in error
+        return
+    assert error is None
+    assert [(e.code, e.time, e.pid, e.pci_bus_id, e.source) for e in events] == [
+        (79, 1700000000.0, None, '0000:07:00', 'kmsg'), (13, 1700000002.0, 42, '0000:0b:00', 'kmsg')]
+    assert events[1].name == 'py\ufffd' or events[1].name.startswith('py')
+    assert xid.read_kmsg(str(tmp_path / 'other-missing'))[0] is None   # an explicit path never falls back

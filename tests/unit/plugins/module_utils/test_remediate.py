@@ -5,8 +5,8 @@
 
 SAFETY: resets run only through the simulator's fake nvidia-smi; the drain commands are scripts
 these tests write (they record their argv); the only processes signalled are gpusim workloads
-this test spawned.  The Xid events and recovery actions are attached to the snapshots here (the
-shape of gpu_facts' ``xid_events`` and ``recovery_action``).
+this test spawned.  The Xid events (model.XidEvent, classified by core/xid.py, as the snapshot makes them)
+and recovery actions are attached to the snapshots here, or come from the simulator's kernel log (gpusim xid).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import remediate as rem
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import reset
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import reset, xid
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import guard_test_helpers as g
@@ -52,8 +52,8 @@ def recorder(tmp_path, name, rc=0):
 
 
 def event(code, pid=None, when=None, bus=BUS[0]):
-    return {'time': when if when is not None else g.MONDAY_NOON, 'code': code, 'pid': pid, 'pci_bus_id': bus,
-            'message': 'NVRM: Xid (PCI:%s): %d' % (bus, code)}
+    return xid.make_event(code, 'kmsg', time_s=when if when is not None else g.MONDAY_NOON, pid=pid, pci_bus_id=bus,
+                          message='simulated Xid %d' % code)
 
 
 def options(tmp_path=None, **kwargs):
@@ -80,6 +80,7 @@ def names(ladder):
     (119, ['reset']),
     (64, ['drain']),                     # row remapping failed: take no new work
     (79, ['drain', 'reboot_flag']),      # fallen off the bus: a reset cannot help
+    (92, []),                            # high corrected-ECC rate: informational (core/xid.py's table)
     (45, []),                            # preemptive cleanup after another error: informational
     (9999, []),                          # not in the table: recorded, nothing done
 ])
@@ -147,10 +148,14 @@ def test_handled_events_and_gpus_awaiting_a_reboot_plan_nothing():
     assert names(ladder) == [] and ladder.status == 'awaiting_reboot' and ladder.awaiting_reboot == 'Xid 79'
 
 
-def test_event_times_are_numbers_or_iso_text():
-    assert rem._event_time(12.5) == 12.5
-    assert rem._event_time('2026-03-02T12:00:00Z') == g.MONDAY_NOON
-    assert rem._event_time('yesterday') is None and rem._event_time(True) is None and rem._event_time(None) is None
+def test_health_since_is_the_last_verified_reset_of_that_gpu_within_the_window():
+    snap = g.snapshot()
+    devs = snap.all_devices
+    assert rem.health_since({'reset_at': {}}, g.MONDAY_NOON) is None
+    since = rem.health_since({'reset_at': {devs[0].key: g.MONDAY_NOON - 60, devs[1].key: g.MONDAY_NOON - 7200}}, g.MONDAY_NOON)
+    assert since(devs[0]) == g.MONDAY_NOON - 60                    # the reset: older Xid lines change no health
+    assert since(devs[1]) == g.MONDAY_NOON - xid.DEFAULT_WINDOW_S  # a reset before the window: the window
+    assert since(devs[2]) is None                                  # never reset: the snapshot's default
 
 
 @pytest.mark.parametrize('kwargs, field', [
@@ -181,10 +186,11 @@ class SimHost(reset.Host):
         self.events = events or {}
         self.actions = actions or {}
 
-    def snapshot(self, vendor='auto', gather_processes=True):
-        snap = reset.Host.snapshot(self, vendor, gather_processes)
+    def snapshot(self, vendor='auto', gather_processes=True, xid_since=None):
+        snap = reset.Host.snapshot(self, vendor, gather_processes, xid_since)
         for dev in snap.all_devices:
-            dev.xid_events = list(self.events.get(dev.index, []))
+            if self.events:   # else: the simulator's kernel log, read by the snapshot
+                dev.xid_events = list(self.events.get(dev.index, []))
             dev.recovery_action = self.actions.get(dev.index)
         return snap
 
@@ -304,3 +310,32 @@ def test_a_failing_drain_command_is_an_error_and_is_retried(node, tmp_path):
     assert result['node']['drain']['status'] == 'failed' and 'rc 3' in result['errors'][0]
     rem.remediate(opts, host, scheduler=None)
     assert len(calls()) == 2  # not recorded as drained: the next run tries again
+
+
+@needs_root
+def test_after_a_verified_reset_its_xid_changes_nothing_and_the_node_returns_to_service(node, tmp_path, monkeypatch):
+    """The Xid 48 that asked for the reset stays in the kernel log: the reset still verifies, a rerun changes
+    nothing, and the drain this ladder set is undone once health reads clean."""
+    monkeypatch.setenv(xid.KMSG_ENV, json.loads(node.gpusim('show'))['kmsg_path'])
+    hook, calls = recorder(tmp_path, 'drain-hook')
+    opts = options(tmp_path, drain_command=[hook], node_name='n1')
+    os.makedirs(os.path.dirname(opts.state_path))
+    with open(opts.state_path, 'w') as handle:   # an earlier run of this ladder drained the node
+        json.dump({'handled': {}, 'drained': {'reason': 'gpufleet: earlier', 'via': 'drain_command', 'time': 1.0}}, handle)
+    node.gpusim('xid', '--gpu', '1', '--code', '48')
+    host = SimHost(node)
+    plan = rem.remediate(opts, host, check_mode=True, scheduler=None)
+    assert statuses(plan)[1] == [('reset', 'would_run')] and plan['gpus'][1]['health']['status'] == 'degraded'
+    done = rem.remediate(opts, host, scheduler=None)
+    assert statuses(done)[1] == [('reset', 'done')] and done['gpus'][1]['ladder'][0]['result']['verified'] is True
+    with open(opts.state_path) as handle:
+        reset_at = json.load(handle)['reset_at']
+    assert list(reset_at) == [done['gpus'][1]['key']] and reset_at[done['gpus'][1]['key']] <= time.time()
+    assert done['node']['undrain'] is None and calls() == []
+    again = rem.remediate(opts, host, scheduler=None)
+    assert all(gpu['ladder'] == [] for gpu in again['gpus']) and again['gpus'][1]['health']['status'] == 'ok'
+    assert again['gpus'][1]['findings'][0]['code'] == 48 and 'handled' in again['gpus'][1]['findings'][0]
+    assert again['node']['undrain']['status'] == 'done' and calls() == [['resume', 'n1', 'gpufleet: earlier']]
+    assert again['drained'] is False
+    last = rem.remediate(opts, host, scheduler=None)
+    assert last['changed'] is False and len(calls()) == 1
