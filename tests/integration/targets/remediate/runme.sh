@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The remediation ladder (issue #17) on a 3-node simulated fleet: gpufleet.reclaim.remediate in
-# check mode predicts every GPU's ladder, confirmed it acts (a verified reset, a reset refused by an
-# nvidia_drm kernel reference and flagged for reboot, and with the simulator's Xid events: the Xid 13
-# application killed, the Xid 79 GPU flagged for reboot), and a rerun changes nothing.
+# check mode predicts every GPU's ladder, confirmed it acts (a verified reset, the Xid 13 application
+# killed, the Xid 79 GPU drained and flagged for reboot, a reset refused by an nvidia_drm kernel
+# reference and flagged for reboot), a hung driver is reported as driver_hung within its timeout while
+# the other nodes finish, and a rerun changes nothing.
 # The scenario lives in remediate_test.py.
 set -eux
 COLL="${ANSIBLE_COLLECTIONS_PATH%%:*}/ansible_collections/gpufleet/reclaim"
