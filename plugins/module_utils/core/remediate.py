@@ -68,6 +68,7 @@ REASON_LEN = 200
 # recovery action -> steps; drain_and_reset is a reset with the GPU in the NVML drain state (gpu_reset drain)
 RECOVERY = {'reset': ('reset',), 'drain_and_reset': ('reset',), 'reboot': ('reboot',), 'drain_p2p': ('drain',)}
 
+
 def xid_events(dev):
     """The GPU's recent Xid events (model.XidEvent, oldest first); none when no source could tell."""
     return list(dev.xid_events or ())

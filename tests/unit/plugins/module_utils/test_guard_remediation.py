@@ -79,6 +79,12 @@ def test_a_tick_predicts_in_dry_run_acts_in_enforce_and_then_changes_nothing(tmp
     assert summary['remediation']['changed'] is True and summary['remediation']['node']['drain']['status'] == 'done'
     with open(flag) as handle:
         assert 'Xid 79' in json.dumps(json.load(handle)['gpus'])
+    with open(node.paths.metrics) as handle:   # the metric and the ladder's flag agree; the steps are counted
+        text = handle.read()
+    assert 'gpufleet_guard_remediation_steps_total{step="drain"} 1' in text
+    assert 'gpufleet_guard_remediation_steps_total{step="reboot_flag"} 1' in text
+    wanted = [line for line in text.splitlines() if line.startswith('gpufleet_gpu_reboot_wanted{')]
+    assert [line.split()[-1] for line in wanted] == ['0', '0', '1'], wanted
     count = len(remediation_records(node))
     summary = node.tick(advance=60)
     assert summary['remediation']['changed'] is False and len(remediation_records(node)) == count
@@ -98,3 +104,25 @@ def test_every_error_of_the_section_is_reported():
     text = str(exc.value)
     for field in ('remediation.drain_command', 'remediation.reboot_flag', 'remediation.reset', 'remediation.bogus'):
         assert field in text, (field, text)
+
+
+def test_with_the_section_the_tick_reads_health_from_after_each_gpus_last_verified_reset(tmp_path):
+    """The Xid that asked for a reset stays in the kernel log: the tick's snapshot leaves it out of that GPU's health."""
+    snap = snapshot(gpus=2)
+    node = Node(tmp_path, policy=POLICY % ('enforce', str(tmp_path / 'lib' / 'reboot-wanted')), snap=snap)
+    now = node.clock.now
+    os.makedirs(os.path.dirname(node.paths.state), exist_ok=True)
+    with open(os.path.join(os.path.dirname(node.paths.state), 'remediation.json'), 'w') as handle:
+        json.dump({'handled': {}, 'drained': None, 'reset_at': {snap.all_devices[1].key: now - 60}}, handle)
+    seen = {}
+
+    def take_snapshot(**kwargs):
+        seen.update(kwargs)
+        return snap
+    assert node.tick(snapshot=None, take_snapshot=take_snapshot)['rc'] == 0
+    since = seen['xid_since']
+    assert since(snap.all_devices[1]) == now - 60 and since(snap.all_devices[0]) is None
+    seen.clear()
+    node.write_policy('mode: enforce\nnotify: {tty: false}\n')   # without the section: the default window
+    node.tick(snapshot=None, take_snapshot=take_snapshot)
+    assert seen['xid_since'] is None
