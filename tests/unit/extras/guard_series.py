@@ -21,8 +21,11 @@ CALM = 'mode: dry-run\nusers: {alice: {max_mem_gib_per_gpu: 64}}\nnotify: {tty: 
 BUS = ('00000000:3B:00.0', '00000000:5E:00.0', '00000000:86:00.0', '00000000:AF:00.0')
 
 
-def run(node, ticks, change=None):
-    """``ticks`` ticks a minute apart; ``change(node, i)`` before tick i. The textfile after each tick."""
+def run(node, ticks, change=None, start=None):
+    """``ticks`` ticks a minute apart (the first at ``start``, default the fake clock's); ``change(node, i)``
+    before tick i. The textfile after each tick."""
+    if start is not None:
+        node.clock.now = float(start)
     texts = []
     for index in range(ticks):
         if change is not None:
@@ -50,10 +53,10 @@ def untrusted_input(root):
     return run(Node(root, policy=CALM), 6, change)
 
 
-def enforcement(root):
+def enforcement(root, start=None):
     """alice over her per-GPU limit on four GPUs: four violations, warned, then acted on after act_after (10m)."""
     snap = snapshot([proc(10 + gpu, 'alice', {gpu: 12 * GIB}) for gpu in range(4)] + [proc(20, 'bob', {0: 30 * GIB})])
-    return run(Node(root, snap=snap), 12)
+    return run(Node(root, snap=snap), 12, start=start)
 
 
 def orphaned(root):
@@ -76,15 +79,26 @@ def rogue(root):
     return run(node, 4)
 
 
-def xid_events(root):
+def _with_xids(snap):
     """GPU 0: an application Xid (13); GPU 1: fell off the bus (Xid 79, lost, reboot wanted); GPU 2: a DBE (48, degraded)."""
-    snap = snapshot([proc(1, 'alice', {0: GIB})])
     for gpu, code, pid in ((0, 13, 1), (1, 79, None), (2, 48, None)):
         dev = snap.devices[gpu]
         dev.pci_bus_id = BUS[gpu]
         dev.add_xid_event(xid.make_event(code, 'kmsg', time_s=MONDAY_NOON - 30, pid=pid, pci_bus_id=BUS[gpu]))
         xid.apply_health(dev, now=MONDAY_NOON)
-    return run(Node(root, policy=CALM, snap=snap), 8)
+    return snap
+
+
+def xid_events(root):
+    return run(Node(root, policy=CALM, snap=_with_xids(snapshot([proc(1, 'alice', {0: GIB})]))), 8)
+
+
+def health_and_rogue(root, start=None):
+    """The Xid GPUs of ``xid_events``, a crypto-miner found at level critical and an idle user (a fleet's second node)."""
+    finding = {'level': 'critical', 'score': 95, 'rules': [{'id': 'H-stratum', 'kind': 'hard'}]}
+    snap = _with_xids(snapshot([proc(1, 'alice', {0: GIB}), proc(7, 'eve', {3: GIB}, name='xmrig'), proc(8, 'carol', {2: 20 * GIB})]))
+    policy = 'mode: dry-run\nrogue: {act_min_level: critical}\nnotify: {tty: false}\n'
+    return run(Node(root, policy=policy, snap=snap, context=P.Context(groups={}, rogue_findings={7: finding})), 3, start=start)
 
 
 def driver_hung(root):
