@@ -111,7 +111,7 @@ def fleet(tmp_path_factory):
     node2 = gs.health_and_rogue(base / 'node2', start=time.time() - 2 * gs.STEP)
     dirs = [str(base / name / 'var/lib/node_exporter/textfile_collector') for name in ('node1', 'node2')]
     assert all(os.listdir(d) == ['gpufleet.prom'] for d in dirs)
-    ports = [_free_port() for _ in range(3)]
+    ports = [_free_port() for _index in range(3)]
     config = base / 'prometheus.yml'
     config.write_text(json.dumps({
         'global': {'scrape_interval': '1s', 'evaluation_interval': '1s'},
@@ -170,11 +170,12 @@ def test_the_rules_load_and_the_instant_alerts_fire(fleet):
     groups = _get(port, '/api/v1/rules')['data']['groups']
     assert sorted(g['name'] for g in groups) == ['gpufleet-enforcement', 'gpufleet-guard', 'gpufleet-health']
     assert all(r['health'] == 'ok' for g in groups for r in g['rules']), groups
-    found = _until('the alerts without a for', lambda: {(a['labels']['alertname'], a['labels'].get('instance'))
-                                                         for a in _get(port, '/api/v1/alerts')['data']['alerts']
-                                                         if a['state'] == 'firing'} >= {('GpuLost', two), ('GpuRebootWanted', two)} and
-                   {(a['labels']['alertname'], a['labels'].get('instance'), a['labels'].get('user'))
-                    for a in _get(port, '/api/v1/alerts')['data']['alerts'] if a['state'] == 'firing'})
+
+    def firing():
+        found = set((a['labels']['alertname'], a['labels'].get('instance'), a['labels'].get('user'))
+                    for a in _get(port, '/api/v1/alerts')['data']['alerts'] if a['state'] == 'firing')
+        return found if {('GpuLost', two, None), ('GpuRebootWanted', two, None)} <= found else None
+    found = _until('the alerts without a for', firing)
     assert ('GpuUserEnforcementRate', None, 'alice') in found and ('GpuRogueProcess', two, None) in found
     assert not [a for a in found if a[0] in ('GpuGuardTickStale', 'GpuGuardPolicyInvalid', 'GpuGuardUntrustedInput')]
 
