@@ -12,9 +12,11 @@ SAFETY: the ticks run in dry-run on fake snapshots (nothing is signalled); the t
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -70,9 +72,16 @@ def _until(what, check):
         time.sleep(0.3)
 
 
+def _die_with_parent():
+    """In the child: SIGTERM when the test's thread goes (a worker killed before its finally ran)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)     # PR_SET_PDEATHSIG
+
+
 def _start(argv, log):
     with open(log, 'w') as handle:
-        return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)  # pylint: disable=subprocess-popen-preexec-fn
 
 
 def _stop(procs):
@@ -102,10 +111,10 @@ def dashboard_queries():
     return board, out
 
 
-@pytest.fixture(scope='module')
-def fleet(tmp_path_factory):
-    """Two simulated nodes' textfiles (real ticks, the last one now), one node_exporter each, one prometheus."""
-    base = tmp_path_factory.mktemp('scrape')
+def test_the_chain_guard_textfile_node_exporter_prometheus_rules_dashboard(tmp_path):
+    """Two simulated nodes' textfiles (real ticks, the last one now), one node_exporter each, one prometheus;
+    the servers live only within this test (started and stopped here, by their pids)."""
+    base = tmp_path
     start = time.time() - 11 * gs.STEP      # the last tick of the first node: now
     node1 = gs.enforcement(base / 'node1', start=start)
     node2 = gs.health_and_rogue(base / 'node2', start=time.time() - 2 * gs.STEP)
@@ -131,16 +140,20 @@ def fleet(tmp_path_factory):
             _until('node_exporter on %d' % port, lambda port=port: 'gpufleet_guard_ticks_total' in _get(port, '/metrics'))
         _until('the first scrapes of both nodes',
                lambda: len(query(ports[2], 'count_over_time(gpufleet_guard_last_tick_timestamp_seconds[1m]) > 2')) == 2)
-        yield {'port': ports[2], 'targets': ['127.0.0.1:%d' % p for p in ports[:2]], 'texts': (node1, node2), 'procs': procs}
+        fleet = {'port': ports[2], 'targets': ['127.0.0.1:%d' % p for p in ports[:2]], 'texts': (node1, node2)}
+        check_the_guard_series_of_both_nodes(fleet)
+        check_the_rules_load_and_the_instant_alerts_fire(fleet)
+        check_every_dashboard_panel_query_returns_data(fleet)
     finally:
         _stop(procs)
+    assert all(proc.poll() is not None for proc in procs)
 
 
 def _by(result, *names):
     return dict((tuple(r['metric'].get(n) for n in names), float(r['value'][1])) for r in result)
 
 
-def test_prometheus_scrapes_the_guard_series_of_both_nodes_through_node_exporter(fleet):
+def check_the_guard_series_of_both_nodes(fleet):
     port, (one, two) = fleet['port'], fleet['targets']
     up = _by(query(port, 'up{job="node"}'), 'instance', 'node')
     assert up == {(one, 'gpu-node-1'): 1.0, (two, 'gpu-node-2'): 1.0}
@@ -165,7 +178,7 @@ def test_prometheus_scrapes_the_guard_series_of_both_nodes_through_node_exporter
     assert _by(query(port, 'gpufleet_guard_mode == 1'), 'instance', 'mode') == {(one, 'dry-run'): 1.0, (two, 'dry-run'): 1.0}
 
 
-def test_the_rules_load_and_the_instant_alerts_fire(fleet):
+def check_the_rules_load_and_the_instant_alerts_fire(fleet):
     port, two = fleet['port'], fleet['targets'][1]
     groups = _get(port, '/api/v1/rules')['data']['groups']
     assert sorted(g['name'] for g in groups) == ['gpufleet-enforcement', 'gpufleet-guard', 'gpufleet-health']
@@ -180,7 +193,7 @@ def test_the_rules_load_and_the_instant_alerts_fire(fleet):
     assert not [a for a in found if a[0] in ('GpuGuardTickStale', 'GpuGuardPolicyInvalid', 'GpuGuardUntrustedInput')]
 
 
-def test_every_dashboard_panel_query_returns_data(fleet):
+def check_every_dashboard_panel_query_returns_data(fleet):
     port = fleet['port']
     board, queries = dashboard_queries()
     assert len(queries) == sum(1 for p in board['panels'] if p['type'] != 'row') >= 18
