@@ -242,7 +242,7 @@ def load_state(path, now):
         state['counters']['state_rebuilt'] = (rebuilt if isinstance(rebuilt, int) and not isinstance(rebuilt, bool) else 0) + 1
         return state, 'state file %s is corrupt (%s); rebuilt: escalations restart from their first warning' % (path, why)
     data.setdefault('counters', {})
-    for key in ('warnings', 'kills', 'actions', 'failures', 'notify_failures'):
+    for key in ('warnings', 'kills', 'actions', 'failures', 'notify_failures', 'user_actions'):
         if not isinstance(data['counters'].get(key), dict):
             data['counters'][key] = {}
     return data, None
@@ -667,7 +667,7 @@ def _refuse(paths, problems, now, write, wall0, cpu0):
     if write:
         _log(paths, {'event': 'guard_untrusted_input', 'tick': tick_id, 'host': host, 'problems': problems}, warnings)
         _write_metrics(paths, None, [], {}, {'time': now, 'duration': time.time() - wall0, 'cpu': time.process_time() - cpu0},
-                       None, False, False, warnings)
+                       None, False, False, warnings, untrusted=True)
     return summary
 
 
@@ -770,6 +770,7 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
             _count(counters, 'warnings', rule)
         elif decision.decision == 'act':
             _count(counters, 'actions', rule)
+            _count(counters, 'user_actions', decision.violation.user if decision.violation.user is not None else 'unknown')
             for pid_outcome in (decision.outcome.get('pids') or {}).values() if isinstance(decision.outcome.get('pids'), dict) else ():
                 if pid_outcome.get('outcome') == 'killed':
                     _count(counters, 'kills', rule)
@@ -798,7 +799,7 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
             summary['rc'] = 1
         tick = {'time': now, 'duration': time.time() - wall0, 'cpu': time.process_time() - cpu0}
         _write_metrics(paths, snapshot, violations, counters, tick, mode, True, policy.enabled, warnings,
-                       reboot_flagged=_reboot_flagged(policy))
+                       reboot_flagged=_reboot_flagged(policy), rogue_findings=context.rogue_findings if policy.rogue.enabled else None)
     summary['duration'] = round(time.time() - wall0, 3)
     summary['cpu'] = round(time.process_time() - cpu0, 3)
     return summary
@@ -882,12 +883,13 @@ def _reboot_flagged(policy):
     return flagged_gpus(path)
 
 
-def _write_metrics(paths, snapshot, violations, counters, tick, mode, valid, enabled, warnings, reboot_flagged=()):
+def _write_metrics(paths, snapshot, violations, counters, tick, mode, valid, enabled, warnings, reboot_flagged=(),
+                   untrusted=False, rogue_findings=None):
     if not paths.metrics:
         return
     try:
-        text = metrics_mod.guard_metrics(snapshot, violations, counters, tick, mode, valid, enabled,
-                                         reboot_flagged=reboot_flagged).render()
+        text = metrics_mod.guard_metrics(snapshot, violations, counters, tick, mode, valid, enabled, reboot_flagged=reboot_flagged,
+                                         untrusted=untrusted, rogue_findings=rogue_findings).render()
         safe_files.write_atomic(paths.metrics, text, mode=0o644, dir_mode=0o755, strict=False)
     except OSError as exc:
         warnings.append('could not write the metrics %s: %s' % (paths.metrics, exc.strerror or exc))

@@ -17,9 +17,13 @@ from __future__ import annotations
 import math
 
 from .model import HEALTH_STATUSES, RECOVERY_ACTIONS
+from .policy import ROGUE_LEVELS
 
 DEFAULT_PATH = '/var/lib/node_exporter/textfile_collector/gpufleet.prom'
-XID_HELP = 'Xid errors of the GPU in the kernel log and driver events (its most recent 32), per Xid code'
+XID_HELP = ('Xid errors of the GPU in the kernel log and driver events (its most recent 32), per Xid code and fault class '
+            '(application, gpu, driver, system, unknown: core/xid.py)')
+ROGUE_HELP = 'Processes the rogue detector found at each level in the last tick (allowlisted ones left out)'
+UNTRUSTED_HELP = '1 when the last tick refused to act on untrusted input (a file or directory someone else could change)'
 
 
 def _escape(value):
@@ -83,11 +87,12 @@ def _health_metrics(out, dev, labels, reboot_flagged):
     (health says so, or the remediation ladder's reboot flag names the GPU: ``reboot_flagged``, GPU keys)."""
     codes = {}
     for event in dev.xid_events or ():
-        codes[event.code] = codes.get(event.code, 0) + 1
+        key = (event.code, event.fault or 'unknown')
+        codes[key] = codes.get(key, 0) + 1
     if dev.xid_events is not None:
         out.family('gpufleet_gpu_xid_errors', 'gauge', XID_HELP)
-    for code in sorted(codes):
-        out.add('gpufleet_gpu_xid_errors', 'gauge', XID_HELP, codes[code], dict(labels, code=code))
+    for code, fault in sorted(codes):
+        out.add('gpufleet_gpu_xid_errors', 'gauge', XID_HELP, codes[(code, fault)], dict(labels, code=code, fault=fault))
     if dev.recovery_action is not None:
         for action in RECOVERY_ACTIONS:
             out.add('gpufleet_gpu_recovery_action', 'gauge', "The driver's GPU recovery action (1 for the current one)",
@@ -100,9 +105,10 @@ def _health_metrics(out, dev, labels, reboot_flagged):
 
 
 def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=None, policy_valid=True,
-                  enabled=True, host=None, reboot_flagged=()):
+                  enabled=True, host=None, reboot_flagged=(), untrusted=False, rogue_findings=None):
     """The Metrics of one tick: GPU and per-user memory, health, current violations, counters, tick info.
-    ``reboot_flagged``: the keys of the GPUs the remediation ladder's reboot flag names (this boot's)."""
+    ``reboot_flagged``: the keys of the GPUs the remediation ladder's reboot flag names (this boot's);
+    ``untrusted``: the tick refused untrusted input; ``rogue_findings``: the rogue detector's findings (pid: finding)."""
     out = Metrics()
     counters = counters or {}
     if snapshot is not None:
@@ -138,12 +144,13 @@ def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=N
                             ('gpufleet_guard_kills', 'kills', 'Processes the guard ended, per rule'),
                             ('gpufleet_guard_actions', 'actions', 'Actions decided (taken, or logged in dry-run/warn), per rule'),
                             ('gpufleet_guard_action_failures', 'failures', 'Processes an action could not end, per rule'),
+                            ('gpufleet_guard_user_actions', 'user_actions', 'Actions decided (taken, or logged in dry-run/warn), per user'),
                             ('gpufleet_guard_notify_failures', 'notify_failures', 'Notifications that failed, per channel'),
                             ('gpufleet_guard_remediation_steps', 'remediation_steps',
                              'Remediation ladder steps carried out (kill, reset, drain, reboot flag, undrain), per step')):
         values = counters.get(key) or {}
         out.family(name, 'counter', text)
-        label_name = {'notify_failures': 'channel', 'remediation_steps': 'step'}.get(key, 'rule')
+        label_name = {'notify_failures': 'channel', 'remediation_steps': 'step', 'user_actions': 'user'}.get(key, 'rule')
         for label in sorted(values):
             out.add(name, 'counter', text, values[label], {label_name: label})
     out.add('gpufleet_guard_ticks', 'counter', 'Guard ticks run since the state was created', counters.get('ticks', 0))
@@ -155,6 +162,15 @@ def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=N
     out.add('gpufleet_guard_tick_cpu_seconds', 'gauge', 'CPU time of the last tick', tick.get('cpu'))
     out.add('gpufleet_guard_policy_valid', 'gauge', '1 when the policy file was valid at the last tick', bool(policy_valid))
     out.add('gpufleet_guard_enabled', 'gauge', '1 when the policy is enabled', bool(enabled))
+    out.add('gpufleet_guard_untrusted_input', 'gauge', UNTRUSTED_HELP, bool(untrusted))
+    if rogue_findings is not None:
+        levels = dict((level, 0) for level in ROGUE_LEVELS)
+        for finding in rogue_findings.values():
+            level = finding.get('level') if isinstance(finding, dict) else None
+            if level in levels and not finding.get('allowlisted'):
+                levels[level] += 1
+        for level in ROGUE_LEVELS:
+            out.add('gpufleet_guard_rogue_findings', 'gauge', ROGUE_HELP, levels[level], {'level': level})
     hung = tick.get('driver_hung')
     out.add('gpufleet_guard_driver_hung', 'gauge', '1 when the last tick stopped a driver read that did not finish within '
             'driver_timeout', hung is not None, {'call': hung.get('call') or ''} if hung else None)

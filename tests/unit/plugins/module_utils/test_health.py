@@ -211,8 +211,8 @@ def test_a_tick_with_a_hung_driver_records_it_and_exits(node, tmp_path):
     values = _metrics(prom)
     uuid = dict((g['index'], g['uuid']) for g in node.show()['gpus'])
     labels = dict((i, (('gpu', str(i)), ('name', 'NVIDIA A100-SXM4-80GB'), ('uuid', uuid[i]))) for i in range(3))
-    assert values[('gpufleet_gpu_xid_errors', tuple(sorted(labels[0] + (('code', '13'),))))] == 1
-    assert values[('gpufleet_gpu_xid_errors', tuple(sorted(labels[1] + (('code', '79'),))))] == 1
+    assert values[('gpufleet_gpu_xid_errors', tuple(sorted(labels[0] + (('code', '13'), ('fault', 'application')))))] == 1
+    assert values[('gpufleet_gpu_xid_errors', tuple(sorted(labels[1] + (('code', '79'), ('fault', 'gpu')))))] == 1
     assert values[('gpufleet_gpu_reboot_wanted', labels[1])] == 1 and values[('gpufleet_gpu_reboot_wanted', labels[0])] == 0
     assert values[('gpufleet_gpu_health_status', labels[1])] == 2
     assert values[('gpufleet_gpu_recovery_action', tuple(sorted(labels[2] + (('action', 'reset'),))))] == 1

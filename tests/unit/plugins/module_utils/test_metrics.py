@@ -64,3 +64,23 @@ def test_policy_error_metrics_without_a_snapshot():
     text = metrics.guard_metrics(None, [], {}, {'time': 1.0}, None, policy_valid=False).render()
     values = dict((s.name, s.value) for f in parse(text).values() for s in f.samples)
     assert values['gpufleet_guard_policy_valid'] == 0 and 'gpufleet_guard_mode' not in values
+
+
+def test_xid_fault_class_untrusted_input_rogue_levels_and_actions_per_user():
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import xid  # pylint: disable=import-outside-toplevel
+    snap = snapshot([proc(1, 'alice', {0: GIB})])
+    for code in (13, 79, 79):
+        snap.devices[0].add_xid_event(xid.make_event(code, 'kmsg', time_s=1.0))
+    findings = {7: {'level': 'critical'}, 8: {'level': 'high', 'allowlisted': True}, 9: {'level': 'bogus'}}
+    text = metrics.guard_metrics(snap, [], {'user_actions': {'alice': 3}}, {'time': 1.0}, 'enforce', untrusted=True,
+                                 rogue_findings=findings).render()
+    values = dict(((s.name, tuple(sorted(s.labels.items()))), s.value) for f in parse(text).values() for s in f.samples)
+    gpu = (('gpu', '0'), ('name', 'NVIDIA A100-SXM4-80GB'), ('uuid', snap.devices[0].uuid))
+    assert values[('gpufleet_gpu_xid_errors', tuple(sorted(gpu + (('code', '13'), ('fault', 'application')))))] == 1
+    assert values[('gpufleet_gpu_xid_errors', tuple(sorted(gpu + (('code', '79'), ('fault', 'gpu')))))] == 2
+    assert values[('gpufleet_guard_untrusted_input', ())] == 1
+    assert values[('gpufleet_guard_user_actions_total', (('user', 'alice'),))] == 3
+    assert [(dict(k)['level'], v) for (n, k), v in sorted(values.items()) if n == 'gpufleet_guard_rogue_findings'] == [
+        ('critical', 1), ('high', 0), ('info', 0), ('medium', 0)]
+    plain = dict((s.name, s.value) for f in parse(metrics.guard_metrics(snap).render()).values() for s in f.samples)
+    assert plain['gpufleet_guard_untrusted_input'] == 0 and 'gpufleet_guard_rogue_findings' not in plain
