@@ -13,6 +13,11 @@ for user in alice bob; do id -u "$user" >/dev/null 2>&1 || useradd --no-create-h
 "$COLL/tests/fleet/up" --systemd --nodes 2 --dir "$FLEET_DIR" --gpus 2
 export ANSIBLE_HOST_KEY_CHECKING=True ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 ANSIBLE_SSH_CONTROL_PATH_DIR="$FLEET_DIR/cp"
 INV=(-i "$FLEET_DIR/inventory.ini")
+# the nodes run the agent with this checkout's venv and simulated NVML: under /tmp the service's
+# private /tmp would hide them (see gpu_guard_private_tmp); anywhere else the unit stays as shipped
+case "$(cd "$COLL" && pwd -P)" in
+  /tmp/*|/var/tmp/*) INV+=(-e guard_it_private_tmp=false) ;;
+esac
 
 # 1. systemd is pid 1 on the nodes; bob runs his jobs; the audit's last run is 2 hours old; then the
 #    role (gpu_guard_scheduler: auto) installs and starts the timers
