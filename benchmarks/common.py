@@ -11,7 +11,7 @@ Everything here is stdlib only (Python >= 3.8), so any benchmark script can impo
 * ``run_child(argv, ...)`` runs one command and returns its wall time, CPU time (user + system of
   the command and every descendant it waited for, from ``wait4``) and peak RSS.
 * ``in_process(fn)`` times a call in this process (wall and CPU).
-* ``stats(values)`` / ``fmt(stats)``: median with its spread (min-max) over the runs;
+* ``stats(values)`` / ``fmt(stats)``: median with its spread (min-max) over the runs; ``percentile(values, 0.9)``;
   ``ratios(a, b)``: per-run ratios a[i] / b[i] (figures taken side by side in the same run).
 * ``linear_fit(xs, ys)``: least-squares slope, intercept and R^2 (growth with the work).
 * ``Sleepers(n)``: n cheap host processes (``pause()``) in one process group, torn down by us.
@@ -59,6 +59,17 @@ def stats(values):
     mid = count // 2
     median = values[mid] if count % 2 else (values[mid - 1] + values[mid]) / 2.0
     return {'median': median, 'min': values[0], 'max': values[-1], 'n': count}
+
+
+def percentile(values, fraction):
+    """The value below which ``fraction`` (0-1) of a non-empty list lies (nearest rank: p90 of 10 runs is the 9th)."""
+    values = sorted(values)
+    if not values:
+        raise ValueError('no values')
+    if not 0 <= fraction <= 1:
+        raise ValueError('fraction %r is not within 0-1' % (fraction,))
+    rank = max(1, -(-int(round(fraction * 1000)) * len(values) // 1000))
+    return values[min(rank, len(values)) - 1]
 
 
 def ratios(numerators, denominators):

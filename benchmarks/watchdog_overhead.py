@@ -34,7 +34,8 @@ _MEASURE = r'''
 import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from core.snapshot import take_snapshot
-reps, dev = int(sys.argv[2]), sys.argv[3]
+reps, dev, devices = int(sys.argv[2]), sys.argv[3] or None, int(sys.argv[4])
+roots = [dev] if dev else None
 
 
 def cpu():
@@ -43,23 +44,30 @@ def cpu():
 
 
 out = {'inproc': {'wall': [], 'cpu': []}, 'watchdog': {'wall': [], 'cpu': []}}
-take_snapshot(vendor='nvidia', dev_roots=[dev])          # warm: imports, first library load
+take_snapshot(vendor='nvidia', dev_roots=roots)          # warm: imports, first library load
 for _ in range(reps):
     for name, timeout in (('inproc', None), ('watchdog', 30)):
         w, c = time.perf_counter(), cpu()
-        snap = take_snapshot(vendor='nvidia', dev_roots=[dev], driver_timeout=timeout)
+        snap = take_snapshot(vendor='nvidia', dev_roots=roots, driver_timeout=timeout)
         out[name]['wall'].append(time.perf_counter() - w)
         out[name]['cpu'].append(cpu() - c)
-        assert len(snap.devices) == 8
+        assert (len(snap.devices) == devices) if devices else snap.devices, [d.errors for d in snap.devices]
 print(json.dumps(out))
 '''
 
 
 def measure(node, reps):
-    env = node.env()
-    module_utils = os.path.join(os.path.dirname(HERE), 'plugins', 'module_utils')
-    proc = subprocess.run([sys.executable, '-c', _MEASURE, module_utils, str(reps), node.dev], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=1800, check=False)
+    """The interleaved snapshots on a simulated node (its 8 GPUs, its device files)."""
+    return measure_snapshots(reps, env=node.env(), dev_root=node.dev, devices=node.gpus)
+
+
+def measure_snapshots(reps, env=None, dev_root=None, devices=0):
+    """``reps`` snapshots in process and ``reps`` through the watchdog child, interleaved, in one fresh Python
+    (``env``: its environment, default ours; ``dev_root``: where the device files are, default the system's;
+    ``devices``: how many GPUs each snapshot must show, 0: at least one).  Returns
+    ``{'inproc'|'watchdog': {'wall'|'cpu': [seconds per snapshot]}}``.  tests/device/run uses it on a real GPU."""
+    proc = subprocess.run([sys.executable, '-c', _MEASURE, common.MODULE_UTILS, str(reps), dev_root or '', str(devices)],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=1800, check=False)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr.decode('utf-8', 'replace'))
     return json.loads(proc.stdout.decode())
