@@ -627,6 +627,20 @@ class PortPicker:
         raise FleetError('no free TCP port on 127.0.0.1 in %d-%d' % PORT_RANGE)
 
 
+def host_sysv_services(init_dir='/etc/init.d', unit_dirs=('/etc/systemd/system', '/lib/systemd/system', '/usr/lib/systemd/system')):
+    """The host's SysV init scripts that have no native unit.  A --systemd node sees the host's /etc,
+    so systemd's sysv generator would start them there (a package's openipmi, say) and the node would
+    boot "degraded" with services that are not part of a node; the nodes mask them."""
+    try:
+        names = sorted(os.listdir(init_dir))
+    except OSError:
+        return []
+    return [name for name in names
+            if not name.startswith('.') and name not in ('README', 'rc', 'rcS', 'skeleton')
+            and os.path.isfile(os.path.join(init_dir, name))
+            and not any(os.path.exists(os.path.join(d, name + '.service')) for d in unit_dirs)]
+
+
 def dev_layout(vendor, gpus):
     """(files, dirs) of the node's /dev standing for its GPU device nodes."""
     if vendor == 'nvidia':
@@ -897,6 +911,8 @@ class Fleet:
         # gives SSH sessions), e.g. LD_LIBRARY_PATH to the NVML shim and GPU_SIM_STATE for the guard
         argv += ['--boot', '--', 'systemd.firstboot=off', 'systemd.unit=multi-user.target']
         argv += ['systemd.setenv=%s=%s' % (k, v) for k, v in sorted(node.env.items()) if k != 'HOME']
+        # the host's own SysV services (its /etc is the node's) stay out of the node
+        argv += ['systemd.mask=%s.service' % name for name in host_sysv_services()]
         setup = {'hostname': node.name, 'nspawn': argv, 'cgroup_key': hashlib.sha1(node.dir.encode()).hexdigest()[:16]}
         _write(os.path.join(node.dir, 'setup.json'), json.dumps(setup, indent=1) + '\n')
 
