@@ -6,7 +6,7 @@
 
 The option functions return argument-spec pieces; each is documented by one doc fragment
 (``plugins/doc_fragments``), and its defaults come from ``core/constants.py``.  :func:`run_module` is
-the modules' one path from a core exception to ``module.fail_json``.
+the modules' one path from a core exception to ``module.fail_json``, :func:`finish` their one way to end.
 """
 
 from __future__ import annotations
@@ -106,3 +106,13 @@ def run_module(module, name, work, errors=()):
     except Exception as exc:  # pylint: disable=broad-except
         module.fail_json(**failure(name, exc, errors))
     return None  # not reached: fail_json exits
+
+
+def finish(module, result, failed=False):
+    """End the task with ``result``: its ``warnings`` become Ansible warnings, then the task fails with
+    the result when ``failed``, else exits with it."""
+    for warning in result.pop('warnings', None) or []:
+        module.warn(warning)
+    if failed:
+        module.fail_json(**result)
+    module.exit_json(**result)

@@ -392,7 +392,8 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants im
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import gpu_options, invalid_policy, invalid_rules, run_module
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import (
+    finish, gpu_options, invalid_policy, invalid_rules, run_module)
 
 FACILITIES = ('user', 'daemon', 'auth', 'authpriv', 'local0', 'local1', 'local2', 'local3', 'local4', 'local5', 'local6', 'local7')
 RECORD_SCHEMA = 1
@@ -530,9 +531,7 @@ def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     result, warnings = run_module(module, 'gpu_audit', lambda m: run(m.params, check_mode=m.check_mode),
                                   errors=((policy_mod.PolicyError, invalid_policy), (rogue.RulesError, invalid_rules)))
-    for warning in warnings:
-        module.warn(warning)
-    module.exit_json(**result)
+    finish(module, dict(result, warnings=warnings))
 
 
 if __name__ == '__main__':

@@ -404,7 +404,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import Selector
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import printable
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import (
-    audit_log_option, gpu_options, invalid_rules, protection_options, run_module)
+    audit_log_option, finish, gpu_options, invalid_rules, protection_options, run_module)
 
 
 def argument_spec():
@@ -493,16 +493,13 @@ def work(module):
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     result = run_module(module, 'gpu_kill', work, errors=((RulesError, invalid_rules),))
-    for warning in result.pop('warnings', []):
-        module.warn(warning)
-    for entry in result['unreleased']:
-        module.warn('%d MiB on GPU %s did not come back within %s s: %s' % (
-            entry['unreleased_mib'], entry['gpu'], module.params['release_timeout'], entry['cause']))
+    release_timeout = module.params['release_timeout']
+    result['warnings'] = result.get('warnings', []) + [
+        '%d MiB on GPU %s did not come back within %s s: %s' % (entry['unreleased_mib'], entry['gpu'], release_timeout, entry['cause'])
+        for entry in result['unreleased']]
     if module._diff:
         result['diff'] = diff(result)
-    if result['failed_processes']:
-        module.fail_json(**result)
-    module.exit_json(**result)
+    finish(module, result, failed=bool(result['failed_processes']))
 
 
 if __name__ == '__main__':

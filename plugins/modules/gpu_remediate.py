@@ -184,7 +184,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants im
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.remediate import RemediateOptions, remediate
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reset import module_host
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import (
-    audit_log_option, gpu_options, protection_options, reset_options, run_module)
+    audit_log_option, gpu_options, finish, protection_options, reset_options, run_module)
 
 
 def argument_spec():
@@ -216,11 +216,7 @@ def work(module):
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     result = run_module(module, 'gpu_remediate', work)
-    for warning in result.pop('warnings', []):
-        module.warn(warning)
-    if result['errors']:
-        module.fail_json(**result)
-    module.exit_json(**result)
+    finish(module, result, failed=bool(result['errors']))
 
 
 if __name__ == '__main__':

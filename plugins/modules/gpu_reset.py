@@ -360,7 +360,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reset import ResetOptions, module_host, reset
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import (
-    audit_log_option, gpu_options, protection_options, reset_options, run_module)
+    audit_log_option, gpu_options, finish, protection_options, reset_options, run_module)
 
 
 def argument_spec():
@@ -388,11 +388,7 @@ def work(module):
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     result = run_module(module, 'gpu_reset', work)
-    for warning in result.pop('warnings', []):
-        module.warn(warning)
-    if result['failed_gpus']:
-        module.fail_json(**result)
-    module.exit_json(**result)
+    finish(module, result, failed=bool(result['failed_gpus']))
 
 
 if __name__ == '__main__':

@@ -103,9 +103,22 @@ class Failed(Exception):
     pass
 
 
+class Exited(Exception):
+    pass
+
+
 class FakeModule(object):
+    def __init__(self):
+        self.warnings = []
+
     def fail_json(self, **kwargs):
         raise Failed(kwargs)
+
+    def exit_json(self, **kwargs):
+        raise Exited(kwargs)
+
+    def warn(self, warning):
+        self.warnings.append(warning)
 
 
 @pytest.fixture
@@ -132,3 +145,10 @@ def test_run_module_without_psutil_does_no_work(module, monkeypatch):
     with pytest.raises(Failed) as failed:
         gpu_module.run_module(module, 'gpu_kill', lambda m: pytest.fail('work ran without psutil'))
     assert 'psutil' in failed.value.args[0]['msg'] and failed.value.args[0]['exception'] == 'Traceback: No module named psutil'
+
+
+@pytest.mark.parametrize('failed, ending', [(False, Exited), (True, Failed)])
+def test_finish_warns_then_exits_or_fails(module, failed, ending):
+    with pytest.raises(ending) as ended:
+        gpu_module.finish(module, {'msg': 'done', 'warnings': ['first', 'second']}, failed=failed)
+    assert ended.value.args[0] == {'msg': 'done'} and module.warnings == ['first', 'second']
