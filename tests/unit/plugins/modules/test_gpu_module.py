@@ -90,11 +90,16 @@ def test_failure_of_domain_errors_the_module_names():
     assert gpu_module.failure('gpu_kill', policy) == {'msg': str(policy), 'field': 'defaults.max_gpus', 'value': '-1'}
 
 
-def test_failure_of_a_bug_carries_the_traceback():
+def raised(exc):
+    """``exc`` after it was raised (with its traceback)."""
     try:
-        raise KeyError('gpus')
-    except KeyError as exc:
-        failure = gpu_module.failure('gpu_reset', exc)
+        raise exc
+    except Exception as caught:  # pylint: disable=broad-except
+        return caught
+
+
+def test_failure_of_a_bug_carries_the_traceback():
+    failure = gpu_module.failure('gpu_reset', raised(KeyError('gpus')))
     assert failure['msg'] == "gpu_reset failed: 'gpus'"
     assert failure['exception'].startswith('Traceback') and 'KeyError' in failure['exception']
 
