@@ -226,7 +226,9 @@ class Cluster:
         argv = ['/usr/bin/env', 'LD_PRELOAD=%s' % self.shim, 'SLURM_CONF=%s' % self.conf,
                 shutil.which('slurmd'), '-D', '-N', node.name, '-f', self.conf]
         binds = [[path, FREEZER] for path in node.cgroups]
-        return {'daemons': [argv], 'dev_char': list(DEV_CHAR), 'binds': binds}
+        # gpusim's driver daemon: a job's (non-root) `gpusim spawn` registers its workload through it
+        driverd = [self.fleet.python, os.path.join(fl.SIM_DIR, 'gpusim_driverd.py'), '--state', fl.GPU_SIM_STATE]
+        return {'daemons': [driverd, argv] if self.fleet.use_gpusim else [argv], 'dev_char': list(DEV_CHAR), 'binds': binds}
 
     # -- start -------------------------------------------------------------------------------
     def _spawn(self, name, argv, preexec=None):

@@ -19,8 +19,8 @@ so this script runs as pid 1 of the node's PID namespace.  It only uses the stan
 5. re-binds the repository and the controller venv read-only, so a role applied on a node cannot
    write into the controller's tree;
 6. runs `gpusim init` with the node's environment;
-7. execs /bin/sh (dash) node_init.sh as the node's init: it starts `sshd -D` (and with --slurm the node's
-   `slurmd -D`) as its child, reaps
+7. starts the node's extra daemons (`--slurm`: gpusim's driver daemon and `slurmd -D`) as its children;
+8. execs /bin/sh (dash) node_init.sh as the node's init: it starts `sshd -D` as its child, reaps
    every orphan reparented to it (simulated workloads are daemons), and exits when sshd exits.
    SIGTERM from the host makes it SIGTERM everything in the namespace and exit; the kernel then
    SIGKILLs the rest.
@@ -151,15 +151,14 @@ def main():
         if proc.returncode != 0:
             log('%s failed with status %d' % (' '.join(cfg['gpusim_init']), proc.returncode))
             return 3
-    # 7. become the reaping init that runs sshd
+    # 8. become the reaping init that runs sshd
     sys.stdout.flush()
     sys.stderr.flush()
     os.chdir('/')
-    daemons = cfg.get('daemons') or []
-    if len(daemons) > 1:
-        log('at most one extra daemon (slurmd), got %d' % len(daemons))
-        return 4
-    os.execve('/bin/sh', ['/bin/sh', INIT_SCRIPT, cfg['sshd_config']] + (daemons[0] if daemons else []), env)
+    # 7. (--slurm) the node's daemons besides sshd: children of pid 1, so of node_init.sh once exec'd (it reaps them)
+    for argv in cfg.get('daemons', []):
+        subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, cwd='/')  # pylint: disable=consider-using-with
+    os.execve('/bin/sh', ['/bin/sh', INIT_SCRIPT, cfg['sshd_config']], env)
     return 4
 
 
