@@ -124,6 +124,12 @@ class Cluster:
     # -- preparation -------------------------------------------------------------------------
     def prepare(self):
         """Fresh DIR/slurm: the loopback shim, the munge key, the configuration; per node its port and cgroup."""
+        path = self.fleet.dir
+        while path != os.path.dirname(path):  # munged (as munge) and the jobs (as their users) open files below DIR
+            if not os.stat(path).st_mode & 0o001:
+                raise fl.FleetError('--slurm: %s is not searchable by other users (munge, the job users); '
+                                    'use a --dir whose parents are (chmod o+x, or a directory under /tmp)' % path)
+            path = os.path.dirname(path)
         if os.path.lexists(self.root):
             if not os.path.exists(os.path.join(self.root, fl.MARKER)):
                 raise fl.FleetError('%s exists but was not made by tests/fleet/up; refusing to delete it' % self.root)
@@ -231,9 +237,9 @@ class Cluster:
         return {'daemons': [driverd, argv] if self.fleet.use_gpusim else [argv], 'dev_char': list(DEV_CHAR), 'binds': binds}
 
     # -- start -------------------------------------------------------------------------------
-    def _spawn(self, name, argv, preexec=None):
+    def _spawn(self, name, argv, preexec=None, env=None):
         logf = open(os.path.join(self.root, name + '.out'), 'ab')  # pylint: disable=consider-using-with
-        env = {'PATH': fl.STD_PATH, 'LANG': 'C.UTF-8', 'SLURM_CONF': self.conf, 'LD_PRELOAD': self.shim}
+        env = dict({'PATH': fl.STD_PATH, 'LANG': 'C.UTF-8'}, **(env or {}))
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, close_fds=True,
                                     start_new_session=True, env=env, cwd='/', preexec_fn=preexec)  # pylint: disable=subprocess-popen-preexec-fn
@@ -259,7 +265,7 @@ class Cluster:
                                '--seed-file=%s' % os.path.join(self.munge_dir, 'munged.seed'),
                                '--log-file=%s' % os.path.join(self.munge_dir, 'munged.log')], preexec=as_munge)
         self._wait('munged', lambda: os.path.exists(self.socket), 'to create %s' % self.socket)
-        self._spawn('slurmctld', [shutil.which('slurmctld'), '-D', '-i', '-f', self.conf])
+        self._spawn('slurmctld', [shutil.which('slurmctld'), '-D', '-i', '-f', self.conf], env={'SLURM_CONF': self.conf, 'LD_PRELOAD': self.shim})
         pid = self.daemons['slurmctld']['pid']
         self._wait('slurmctld', lambda: fl.Fleet._owns_socket(pid, fl.Fleet._listening().get(self.ctld_port, set())),  # pylint: disable=protected-access
                    'to listen on 127.0.0.1:%d' % self.ctld_port)
