@@ -174,7 +174,7 @@ def serve(state_path, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog='gpusim_driverd.py', description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(prog='gpusim_driverd.py', description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--state', help='the state file (default: $GPU_SIM_STATE)')
     parser.add_argument('--socket')
     args = parser.parse_args(argv)
