@@ -325,7 +325,7 @@ class Cluster:
 
     def record(self):
         return {'root': self.root, 'conf': self.conf, 'ctld_port': self.ctld_port, 'proctrack': self.proctrack,
-                'daemons': self.daemons}
+                'daemons': self.daemons, 'cgroups': [path for node in self.fleet.nodes for path in node.cgroups]}
 
 
 def unrecorded_daemons(fleet_dir, known):
@@ -366,6 +366,10 @@ def stop(fleet_dir, record, timeout=10.0):
             if fl._wait_gone([(kid, kstart)], 2.0):  # pylint: disable=protected-access
                 fl.signal_verified(kid, kstart, signal.SIGKILL)
         left += fl._wait_gone([(pid, start)] + kids, timeout)  # pylint: disable=protected-access
+    # the nodes' freezer cgroups, also of nodes an `up` that failed early never started (rmdir only, once empty)
+    cgroups_left = fl.remove_cgroups((record or {}).get('cgroups') or [])
+    if cgroups_left:
+        fl.say('fleet down: cgroups not empty, left in place: %s' % ', '.join(cgroups_left))
     if left:
         raise fl.FleetError('fleet down: Slurm daemons still alive: %s' % ', '.join(str(p) for p, _s in left))
     return len(order)
