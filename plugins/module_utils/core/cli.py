@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import importlib
 import json
 import sys
 import os
@@ -30,6 +31,7 @@ import time
 from . import audit_log, guard, notify as notify_mod, policy as policy_mod
 from .errors import GpuFleetError
 from .text import printable, printable_lines
+from .units import human_duration
 
 PROG = 'gpufleet-guard'
 VERSION = '1.0.0'
@@ -278,14 +280,7 @@ def _snapshot(settings, args):
 
 
 def _age(create_time, now):
-    if create_time is None:
-        return '-'
-    seconds = max(0, int(now - create_time))
-    if seconds >= 86400:
-        return '%dd%02dh' % (seconds // 86400, seconds % 86400 // 3600)
-    if seconds >= 3600:
-        return '%dh%02dm' % (seconds // 3600, seconds % 3600 // 60)
-    return '%dm%02ds' % (seconds // 60, seconds % 60)
+    return '-' if create_time is None else human_duration(now - create_time)
 
 
 def _fmt(value, suffix=''):
@@ -386,7 +381,6 @@ def cmd_kill(args, out):
 
 def _core_module(name, command):
     """The core module ``name`` (reset, rogue), or None with an error when this build lacks it."""
-    import importlib  # pylint: disable=import-outside-toplevel
     try:
         return importlib.import_module('.' + name, __package__)
     except ImportError:

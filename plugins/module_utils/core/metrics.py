@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import math
 
+from .constants import METRICS_PATH as DEFAULT_PATH, ROGUE_LEVELS
 from .model import HEALTH_STATUSES, RECOVERY_ACTIONS
-from .policy import ROGUE_LEVELS
 
-DEFAULT_PATH = '/var/lib/node_exporter/textfile_collector/gpufleet.prom'
 XID_HELP = ('Xid errors of the GPU in the kernel log and driver events (its most recent 32), per Xid code and fault class '
             '(application, gpu, driver, system, unknown: core/xid.py)')
 ROGUE_HELP = 'Processes the rogue detector found at each level in the last tick (allowlisted ones left out)'
