@@ -28,7 +28,7 @@ import sys
 import os
 import time
 
-from . import audit_log, guard, notify as notify_mod, policy as policy_mod
+from . import audit_log, constants, guard, notify as notify_mod, policy as policy_mod
 from .errors import GpuFleetError
 from .text import printable, printable_lines
 from .units import human_duration
@@ -43,7 +43,7 @@ def _common(parser):
     for name in sorted(guard.DEFAULT_PATHS):
         group.add_argument('--%s' % name.replace('_', '-'), dest='path_%s' % name, metavar='PATH',
                            help='default: %s' % guard.DEFAULT_PATHS[name])
-    parser.add_argument('--vendor', choices=('auto', 'nvidia', 'amd', 'intel', 'apple'), help='GPU vendors to read')
+    parser.add_argument('--vendor', choices=constants.VENDOR_CHOICES, help='GPU vendors to read')
     parser.add_argument('--dev-root', action='append', dest='dev_roots', help=argparse.SUPPRESS)  # test seam
 
 
@@ -112,7 +112,7 @@ def build_parser(only=None):
     if only in (None, 'audit'):
         cmd = sub.add_parser('audit', help='rogue (crypto-miner) scan; findings go to the audit log')
         _common(cmd)
-        cmd.add_argument('--min-level', default='medium', choices=policy_mod.ROGUE_LEVELS)
+        cmd.add_argument('--min-level', default='medium', choices=constants.ROGUE_LEVELS)
         cmd.add_argument('--rules-file', help='rogue rules file')
         cmd.add_argument('--no-log', action='store_true', help='print only; do not append to the audit log')
         cmd.add_argument('--json', action='store_true')

@@ -29,7 +29,7 @@ import os
 import time
 
 from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod, safe_files, watchdog
-from .constants import DEFAULT_PROTECT_NAMES
+from .constants import DEFAULT_PROTECT_NAMES, REMEDIATION_STATE_PATH
 from .errors import GpuFleetError, InvalidArgument  # pylint: disable=unused-import  # load_settings raises InvalidArgument (a PolicyError)
 from .exe_hash import ExeHashes
 # the settings, the lock and the state file live in guard_settings and guard_state; importable from here
@@ -597,7 +597,7 @@ def remediation_options(policy, paths):
                             protect_users=tuple(sorted(policy.protect.users)), drain=section.drain,
                             drain_command=section.drain_command, node_name=section.node_name, reboot_flag=section.reboot_flag,
                             orphan_threshold_mib=section.orphan_threshold_mib, verify_timeout=section.verify_timeout,
-                            state_path=os.path.join(os.path.dirname(paths.state), 'remediation.json') if paths.state else None,
+                            state_path=os.path.join(os.path.dirname(paths.state), os.path.basename(REMEDIATION_STATE_PATH)) if paths.state else None,
                             audit_path=paths.audit_log or None)
 
 

@@ -108,8 +108,8 @@ def load_settings(path, paths):
             else:
                 setattr(paths, key[:-5], value or None)
         elif key == 'vendor':
-            if value not in ('auto', 'nvidia', 'amd', 'intel', 'apple'):
-                errors.append((key, value, 'expected auto, nvidia, amd, intel or apple'))
+            if value not in constants.VENDOR_CHOICES:
+                errors.append((key, value, 'expected %s or %s' % (', '.join(constants.VENDOR_CHOICES[:-1]), constants.VENDOR_CHOICES[-1])))
             settings.vendor = value
         elif key == 'webhook_url':
             settings.webhook_url = value if value not in (None, '') else None
