@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from .constants import METRICS_PATH as DEFAULT_PATH, MODES, ROGUE_LEVELS
+from .constants import MODES, ROGUE_LEVELS
 from .model import HEALTH_STATUSES, RECOVERY_ACTIONS
 
 XID_HELP = ('Xid errors of the GPU in the kernel log and driver events (its most recent 32), per Xid code and fault class '
