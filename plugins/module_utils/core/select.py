@@ -23,6 +23,7 @@ from .errors import InvalidArgument, MissingArgument
 from .snapshot import resolve_gpus
 from .textmatch import MAX_MATCH_TEXT, bounded_search, compile_regex
 # the bounded-regex helpers and the duration formatter live in textmatch and units; importable from here too
+# (a test that shortens the match time bound sets textmatch.MATCH_TIMEOUT_S: the copy here is not read)
 from .textmatch import MATCH_TIMEOUT_S, MAX_PATTERN, bounded_sub  # pylint: disable=unused-import
 from .units import human_duration, parse_duration
 
