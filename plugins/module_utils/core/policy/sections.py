@@ -38,14 +38,14 @@ import os
 import re
 import shlex
 
-from . import notify as notify_mod, safe_files
-from .errors import InvalidArgument
-from .exe_hash import ExeHashes
-from .identity import UNKNOWN_OWNER, name_trusted
-from .idle import process_utilization
-from .killer import DEFAULT_PROTECT_NAMES
-from .processes import scheduler_daemon
-from .units import parse_duration, parse_size_mib
+from .. import notify as notify_mod, safe_files
+from ..errors import InvalidArgument
+from ..exe_hash import ExeHashes
+from ..identity import UNKNOWN_OWNER, name_trusted
+from ..idle import process_utilization
+from ..killer import DEFAULT_PROTECT_NAMES
+from ..processes import scheduler_daemon
+from ..units import parse_duration, parse_size_mib
 
 # The yaml module (or None when PyYAML is missing), imported on first use: the agent's ticks
 # usually read the policy from the state's cache and never pay for importing PyYAML.
@@ -393,7 +393,7 @@ def _expires(value, path):
 
 
 def _regex(value, path):
-    from .select import compile_regex  # pylint: disable=import-outside-toplevel
+    from ..select import compile_regex  # pylint: disable=import-outside-toplevel
     try:
         return compile_regex(path, value)
     except InvalidArgument as exc:
@@ -1368,7 +1368,7 @@ def _remediation(value, path):
     services = value.get('stop_services')
     if services is not None:
         # only for this key: the tick stays light
-        from .reset import UNIT_RE  # pylint: disable=import-outside-toplevel
+        from ..reset import UNIT_RE  # pylint: disable=import-outside-toplevel
         services = [services] if services == 'auto' else errors.run(_list, services, _join(path, 'stop_services')) or []
         for unit in services:
             if not isinstance(unit, str) or not UNIT_RE.match(unit):
