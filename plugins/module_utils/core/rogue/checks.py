@@ -36,14 +36,15 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from . import notify, rogue_rules as R, safe_files
-from .errors import GpuFleetError, InvalidArgument, MissingLibrary
-from .exe_hash import ExeHashes
-from .identity import kernel_lines
-from .processes import scheduler_daemon
-from .select import MAX_MATCH_TEXT, compile_regex
-from .select import _human  # one duration formatter for the core's messages
-from .text import clean_text
+from .. import notify, safe_files
+from . import rules as R
+from ..errors import GpuFleetError, InvalidArgument, MissingLibrary
+from ..exe_hash import ExeHashes
+from ..identity import kernel_lines
+from ..processes import scheduler_daemon
+from ..select import MAX_MATCH_TEXT, compile_regex
+from ..select import _human  # one duration formatter for the core's messages
+from ..text import clean_text
 
 try:
     import yaml
@@ -1042,7 +1043,7 @@ def _parse_document(text, source):
             raise RulesError(source, None, None, 'not UTF-8 text: %s' % exc)
     if len(text) > MAX_RULES_FILE:
         raise RulesError(source, None, None, 'larger than %d bytes' % MAX_RULES_FILE)
-    from .policy import DocumentLimitError, yaml_loader  # pylint: disable=import-outside-toplevel
+    from ..policy import DocumentLimitError, yaml_loader  # pylint: disable=import-outside-toplevel
     try:
         loader = yaml_loader()(text)   # the policy's loader: the same nesting and alias limits
     except yaml.YAMLError as exc:
@@ -1117,7 +1118,7 @@ def load_config(rules_file=None, rules=None, text=None, now=None, checked=False)
 
 
 def _policy():
-    from . import policy  # pylint: disable=import-outside-toplevel
+    from .. import policy  # pylint: disable=import-outside-toplevel
     return policy
 
 
@@ -1198,7 +1199,7 @@ def _pool(config, item):
 
 
 def _window_setting(config, item):
-    from .units import parse_duration  # pylint: disable=import-outside-toplevel
+    from ..units import parse_duration  # pylint: disable=import-outside-toplevel
     try:
         window = parse_duration(item.value, 'window')
     except InvalidArgument as exc:
@@ -1598,7 +1599,7 @@ class FactsCollector(object):
     def _history_reader(self, snapshot):
         if not self.history_path or not os.path.exists(self.history_path) or not snapshot.processes:
             return None
-        from . import history  # pylint: disable=import-outside-toplevel
+        from .. import history  # pylint: disable=import-outside-toplevel
         try:
             return history.HistoryReader(self.history_path)
         except history.HistoryError as exc:
@@ -1672,11 +1673,11 @@ class FactsCollector(object):
     def _same_process(self, base, starttime):
         if starttime is None:
             return os.path.isdir(base)
-        from .processes import read_starttime  # pylint: disable=import-outside-toplevel
+        from ..processes import read_starttime  # pylint: disable=import-outside-toplevel
         return read_starttime(os.path.basename(base), self.proc_root) == starttime
 
     def _ppid(self, base):
-        from .processes import parse_stat  # pylint: disable=import-outside-toplevel
+        from ..processes import parse_stat  # pylint: disable=import-outside-toplevel
         try:
             return parse_stat(_read_bytes(os.path.join(base, 'stat'), 4096).decode('utf-8', 'replace'))['ppid']
         except (OSError, ValueError, IndexError):
@@ -1710,7 +1711,7 @@ class FactsCollector(object):
         return [table[i] for i in sorted(inodes) if i in table]
 
     def _parents(self, ppid):
-        from .processes import parse_stat  # pylint: disable=import-outside-toplevel
+        from ..processes import parse_stat  # pylint: disable=import-outside-toplevel
         parents = []
         seen = set()
         pid = ppid
@@ -1741,7 +1742,7 @@ def detector_argument_spec():
     """The module options that the detector is built from, in gpu_audit and in gpu_kill (rogue=true):
     one definition, so that both read the same usage history and decide allocations alike.  Their
     documentation is the doc fragment gpufleet.reclaim._attributes.ROGUE_DETECTOR."""
-    from .history import DEFAULT_PATH  # pylint: disable=import-outside-toplevel
+    from ..history import DEFAULT_PATH  # pylint: disable=import-outside-toplevel
     return dict(require_allocation=dict(type='str', default='auto', choices=['auto', 'always', 'never']),
                 history_path=dict(type='path', default=DEFAULT_PATH))
 
