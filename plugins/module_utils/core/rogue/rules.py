@@ -6,16 +6,18 @@
 # PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
 """The data of the rogue (crypto-miner) detector: built-in rules, weights, names, lists, patterns.
 
-Everything here is data; rogue.py holds the logic.  The lists are summarised from public
-detection rule sets (Falco, Sigma, Elastic) and from miners' documented options; they are
-written from scratch, not copied.  docs/rogue-detection.md explains every rule.
+Everything here is data; the other files of this package hold the logic.  The lists are
+summarised from public detection rule sets (Falco, Sigma, Elastic) and from miners' documented
+options; they are written from scratch, not copied.  docs/rogue-detection.md explains every rule.
 """
 
 from __future__ import annotations
 
 import re
 
-LEVELS = ('info', 'medium', 'high', 'critical')
+from ..constants import ROGUE_LEVELS
+
+LEVELS = ROGUE_LEVELS
 KINDS = ('hard', 'soft', 'behavioural')
 
 # Score thresholds (0-100 scale).  critical needs a hard indicator; high needs a hard indicator
