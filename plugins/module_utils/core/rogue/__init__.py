@@ -19,6 +19,7 @@ The package by layer, each file importing only the ones above it in this list:
   the file, the line and the field).
 * ``detector``: scoring (``classify``), ``Detector`` and the entry points ``detect_snapshot``,
   ``selector_detector``, ``detector_argument_spec``.
+* ``audit``: ``log_findings``, the findings in the hash-chained audit log.
 
 The names below are the package's face (and the names ``core/rogue.py`` offered before the split);
 ``core/rogue_rules.py`` still offers the data of ``rules``.  A test that replaces a name replaces
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from ..errors import InvalidArgument
 from . import rules as R
+from .audit import RECORD_SCHEMA, log_findings
 from .checks import (
     BUILTIN_CHECKS, MAX_OPTION_ARGS, is_algorithm, match_wallet, ml_libraries, parse_options, rule_algo, rule_exe_location,
     rule_flat_mem, rule_flat_util, rule_lineage, rule_masquerade, rule_miner_env, rule_miner_flags, rule_miner_name,
@@ -68,4 +70,6 @@ __all__ = [
     # scoring, the detector and its entry points
     'Detector', 'classify', 'level_index', 'at_least', 'finding_dict', 'summarize', 'detect_snapshot',
     'selector_detector', 'detector_argument_spec', 'detector_options', 'MAX_OUTPUT_ARG', 'MAX_OUTPUT_ARGS',
+    # the audit log
+    'log_findings', 'RECORD_SCHEMA',
 ]
