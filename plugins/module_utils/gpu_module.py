@@ -16,9 +16,7 @@ import traceback
 from ansible.module_utils.basic import missing_required_lib
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.audit_log import AuditLogError
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import ACTIONS_LOG_PATH, DEFAULT_PROTECT_NAMES
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import ACTIONS_LOG_PATH, DEFAULT_PROTECT_NAMES, VENDOR_CHOICES
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument, MissingLibrary
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
@@ -74,8 +72,8 @@ def failure(name, exc, errors=()):
     ``errors`` pairs exception classes of the core that only some modules load (policy.PolicyError
     with :func:`invalid_policy`, rogue.RulesError with :func:`invalid_rules`) with the function that
     gives their arguments; they are tried first.  Then: a hung driver names the call (``driver_hung``),
-    a bad argument its ``field`` and ``value``, a missing library the package, any other core error its
-    message; anything else is a bug, reported with its traceback.
+    a bad argument its ``field`` and ``value``, a missing library the package, any other core error
+    (AuditLogError, HistoryError, ...) its message; anything else is a bug, reported with its traceback.
     """
     for cls, details in errors:
         if isinstance(exc, cls):
@@ -86,7 +84,7 @@ def failure(name, exc, errors=()):
         return dict(msg=str(exc), field=exc.field, value=str(exc.value))
     if isinstance(exc, MissingLibrary):
         return dict(msg=str(exc), package=exc.package)
-    if isinstance(exc, (GpuFleetError, AuditLogError)):
+    if isinstance(exc, GpuFleetError):
         return dict(msg=str(exc))
     return dict(msg='%s failed: %s' % (name, exc), exception=''.join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
 

@@ -11,10 +11,8 @@ import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import gpu_module
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import constants
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.audit_log import AuditLogError
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import (
-    GpuFleetError, InvalidArgument, MissingArgument, MissingLibrary)
+    AuditLogError, GpuFleetError, InvalidArgument, MissingArgument, MissingLibrary)
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.policy import PolicyError
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import RulesError
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.watchdog import DriverHung
@@ -32,7 +30,7 @@ def test_protection_fragment_lists_the_default_protect_names():
 
 def test_shared_fragments_name_the_constants():
     assert fragment_options('gpufleet.reclaim._audit_log')['audit_log']['default'] == constants.ACTIONS_LOG_PATH
-    assert fragment_options('gpufleet.reclaim._selection')['vendor']['choices'] == list(VENDOR_CHOICES)
+    assert fragment_options('gpufleet.reclaim._selection')['vendor']['choices'] == list(constants.VENDOR_CHOICES)
 
 
 @pytest.mark.parametrize('module', MODULES, ids=lambda m: m.__name__.rsplit('.', 1)[1])
