@@ -28,6 +28,11 @@
  *    absent on purpose: nvitop picks a 32-byte process struct when only the first one exists.
  *  - Functions not implemented here are absent (pynvml reports FunctionNotFound) or stubs that
  *    answer NVML_ERROR_NOT_SUPPORTED.
+ *  - MIG (a GPU with "mig": true and a "mig_instances" list, from gpusim init --mig): MIG device handles
+ *    (nvmlDeviceGetMigDeviceHandleByIndex, by "MIG-..." UUID) answer name, UUID, memory, process lists and
+ *    GI/CI ids of their instance and NOT_SUPPORTED to other device queries; the board handle gives aggregate
+ *    memory and processes (with GI/CI ids) to root only (NO_PERMISSION otherwise, as nvml.h documents) and no
+ *    utilization; GPU-instance profiles, placements, capacity and GPU/compute instances are read-only.
  *  - Fault injection: $GPUSIM_NVML_SEGFAULT="FUNCTION[:N][@main|@child]" makes the Nth call (default 1)
  *    of the NVML function FUNCTION in this process die of SIGSEGV, as a crashing vendor library does
  *    ("*" counts every call).  Calls are counted per process; nothing else changes.  "@main" / "@child":
