@@ -149,6 +149,7 @@ def module_host(module):
     return Host(tools=dict((name, module.get_bin_path(name)) for name in TOOLS), runner=runner,
                 driver_timeout=watchdog.check_timeout('driver_timeout', module.params.get('driver_timeout')))
 
+
 # ---------------------------------------------------------------------------- services
 class Services(object):
     """stop_services: stop the active ones once, start them again at the end."""
@@ -191,6 +192,7 @@ class Services(object):
     def to_dict(self):
         return {'requested': list(self.units), 'stopped': list(self.stopped), 'not_active': list(self.not_active),
                 'started': list(self.started), 'errors': list(self.errors)}
+
 
 # ---------------------------------------------------------------------------- the actions for one GPU
 def _empty(item, options, host):

@@ -47,6 +47,7 @@ COMM_LEN = 15                                     # the kernel keeps 15 characte
 RELEASE_TIMEOUT = 10.0                            # seconds for the driver to drop killed processes
 SIGKILL_WAIT = 5.0
 
+
 class Check(object):
     """One precondition: ``name`` (CHECK_NAMES), ``status`` and a ``detail`` that says what to do."""
 
@@ -57,6 +58,7 @@ class Check(object):
 
     def to_dict(self):
         return {'name': self.name, 'status': self.status, 'detail': self.detail}
+
 
 # ---------------------------------------------------------------------------- one GPU
 def _state_view(dev):
@@ -232,6 +234,7 @@ def _sort_user(proc, devices, procs, blockers):
         entry['client'], entry['unit'] = client
         blockers.append(entry)
 
+
 # ---------------------------------------------------------------------------- preconditions
 def _stoppable(blocker, options):
     """Whether the caller lets this run stop ``blocker``'s unit."""
@@ -347,7 +350,6 @@ def evaluate(items, snapshot, options, host):
                                              'and leave stop_services empty')
         if resettable:
             _check_users(item, snapshot, options, host)
-
 
 
 # ---------------------------------------------------------------------------- verification
