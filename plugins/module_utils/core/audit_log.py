@@ -26,12 +26,9 @@ import os
 import re
 
 from . import safe_files
+from .errors import AuditLogError
 
 GENESIS = '0' * 64
-
-
-class AuditLogError(Exception):
-    """The audit log could not be written (permissions, disk full, a path that is not a file)."""
 
 
 def _canonical(record):

@@ -22,14 +22,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import importlib
 import json
 import sys
 import os
 import time
 
-from . import audit_log, guard, notify as notify_mod, policy as policy_mod
+from . import audit_log, constants, guard, notify as notify_mod, policy as policy_mod
 from .errors import GpuFleetError
 from .text import printable, printable_lines
+from .units import human_duration
 
 PROG = 'gpufleet-guard'
 VERSION = '1.0.0'
@@ -41,7 +43,7 @@ def _common(parser):
     for name in sorted(guard.DEFAULT_PATHS):
         group.add_argument('--%s' % name.replace('_', '-'), dest='path_%s' % name, metavar='PATH',
                            help='default: %s' % guard.DEFAULT_PATHS[name])
-    parser.add_argument('--vendor', choices=('auto', 'nvidia', 'amd', 'intel', 'apple'), help='GPU vendors to read')
+    parser.add_argument('--vendor', choices=constants.VENDOR_CHOICES, help='GPU vendors to read')
     parser.add_argument('--dev-root', action='append', dest='dev_roots', help=argparse.SUPPRESS)  # test seam
 
 
@@ -110,7 +112,7 @@ def build_parser(only=None):
     if only in (None, 'audit'):
         cmd = sub.add_parser('audit', help='rogue (crypto-miner) scan; findings go to the audit log')
         _common(cmd)
-        cmd.add_argument('--min-level', default='medium', choices=policy_mod.ROGUE_LEVELS)
+        cmd.add_argument('--min-level', default='medium', choices=constants.ROGUE_LEVELS)
         cmd.add_argument('--rules-file', help='rogue rules file')
         cmd.add_argument('--no-log', action='store_true', help='print only; do not append to the audit log')
         cmd.add_argument('--json', action='store_true')
@@ -278,14 +280,7 @@ def _snapshot(settings, args):
 
 
 def _age(create_time, now):
-    if create_time is None:
-        return '-'
-    seconds = max(0, int(now - create_time))
-    if seconds >= 86400:
-        return '%dd%02dh' % (seconds // 86400, seconds % 86400 // 3600)
-    if seconds >= 3600:
-        return '%dh%02dm' % (seconds // 3600, seconds % 3600 // 60)
-    return '%dm%02ds' % (seconds // 60, seconds % 60)
+    return '-' if create_time is None else human_duration(now - create_time)
 
 
 def _fmt(value, suffix=''):
@@ -386,7 +381,6 @@ def cmd_kill(args, out):
 
 def _core_module(name, command):
     """The core module ``name`` (reset, rogue), or None with an error when this build lacks it."""
-    import importlib  # pylint: disable=import-outside-toplevel
     try:
         return importlib.import_module('.' + name, __package__)
     except ImportError:
@@ -418,19 +412,7 @@ def cmd_audit(args, out):
     findings, warnings, evaluated = rogue.detect_snapshot(snapshot, config=config, min_level=args.min_level,
                                                           history_path=paths.history)
     warnings = list(config.warnings) + list(warnings)
-    logged = 0
-    if not args.no_log and findings and paths.audit_log:
-        run_id = os.urandom(16).hex()
-        host = os.uname().nodename
-        for finding in findings:
-            record = {'schema': 1, 'event': 'rogue_finding', 'run_id': run_id, 'host': host, 'source': PROG}
-            record.update(finding)
-            try:
-                audit_log.append(paths.audit_log, record)
-                logged += 1
-            except audit_log.AuditLogError as exc:
-                warnings.append(str(exc))
-                break
+    logged = 0 if args.no_log else rogue.log_findings(paths.audit_log, findings, source=PROG, warnings=warnings)
     summary = rogue.summarize(findings, evaluated)
     if args.json:
         _print_json({'findings': findings, 'summary': summary, 'logged': logged, 'warnings': warnings}, out)

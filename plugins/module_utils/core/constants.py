@@ -16,6 +16,10 @@ ROGUE_LEVELS = ('info', 'medium', 'high', 'critical')
 # Guard policy modes and the actions a rule can take.
 MODES = ('dry-run', 'warn', 'enforce')
 ACTIONS = ('warn', 'terminate', 'kill')
+# GPU vendors, in host-wide index order (backends.REGISTRY holds their backends in this order), and
+# the choices of a ``vendor`` option.
+VENDORS = ('nvidia', 'amd', 'intel', 'apple')
+VENDOR_CHOICES = ('auto',) + VENDORS
 
 # Process names that are never signalled when a system account runs them from a root-owned
 # executable (see identity.name_trusted): display servers, GPU daemons, init, schedulers.

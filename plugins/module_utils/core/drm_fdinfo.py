@@ -34,7 +34,7 @@ import re
 import time
 from collections import OrderedDict
 
-from .identity import kernel_lines
+from .identity import kernel_lines, read_ppid
 from .processes import walk_fd_links
 
 MIB = 1024 * 1024
@@ -257,10 +257,6 @@ class ClientScan(object):
     def complete(self):
         return self.fds_denied == 0
 
-    def for_pdev(self, pdev):
-        pdev = (pdev or '').lower()
-        return [c for c in self.clients.values() if (c.pdev or '') == pdev]
-
 
 def _read(path):
     with open(path, 'rb') as handle:
@@ -301,14 +297,6 @@ def scan_clients(proc_root='/proc', drivers=None, exclude=(), clock=time.monoton
     return ClientScan(clients, denied, clock())
 
 
-def _ppid(pid, proc_root):
-    try:
-        text = _read(os.path.join(proc_root, str(pid), 'stat'))
-        return int(text[text.rindex(')') + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def owner_pid(pids, proc_root='/proc'):
     """The pid a client shared by several processes (inherited fds) is attributed to.
 
@@ -319,7 +307,7 @@ def owner_pid(pids, proc_root='/proc'):
     if len(pids) <= 1:
         return pids[0] if pids else None
     members = set(pids)
-    roots = [pid for pid in pids if _ppid(pid, proc_root) not in members]
+    roots = [pid for pid in pids if read_ppid(pid, proc_root) not in members]
     return (roots or pids)[0]
 
 

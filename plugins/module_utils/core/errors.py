@@ -3,7 +3,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 # This file is part of the PRIVATE core of the gpufleet.reclaim collection. It can change at any time.
-"""Exceptions raised by the core.  Callers catch GpuFleetError; nothing else is expected."""
+"""Exceptions raised by the core: every one is a GpuFleetError.  Callers catch GpuFleetError; nothing
+else is expected.  A leaf: it imports nothing (subclasses that belong to one topic, such as
+policy.PolicyError or history.HistoryError, derive from the classes here)."""
 
 from __future__ import annotations
 
@@ -51,3 +53,11 @@ class MissingLibrary(GpuFleetError):
         if error:
             msg += ' (import failed: %s)' % error.strip().splitlines()[-1]
         super(MissingLibrary, self).__init__(msg)
+
+
+class HistoryError(GpuFleetError):
+    """The history database cannot be read or written (permissions, corruption, newer schema)."""
+
+
+class AuditLogError(GpuFleetError):
+    """The audit log could not be written (permissions, disk full, a path that is not a file)."""

@@ -25,236 +25,19 @@
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import json
 import os
 import time
 
 from . import audit_log, metrics as metrics_mod, notify as notify_mod, policy as policy_mod, safe_files, watchdog
+from .constants import DEFAULT_PROTECT_NAMES, REMEDIATION_STATE_PATH
 from .errors import GpuFleetError, InvalidArgument  # pylint: disable=unused-import  # load_settings raises InvalidArgument (a PolicyError)
 from .exe_hash import ExeHashes
-from .processes import user_uid
+# the settings, the lock and the state file live in guard_settings and guard_state; importable from here
+from .guard_settings import DEFAULT_PATHS, SETTINGS_KEYS, Paths, Settings, load_settings  # pylint: disable=unused-import
+from .guard_state import STATE_VERSION, TickLock, load_state, new_state, save_state  # pylint: disable=unused-import
+from .processes import ProcessInventory, match_device, user_uid
 
-STATE_VERSION = 1
-DEFAULT_PATHS = {
-    'policy': '/etc/gpufleet/policy.yaml',
-    'settings': '/etc/gpufleet/guard.yaml',
-    'state': '/var/lib/gpufleet/state.json',
-    'lock': '/run/gpufleet/guard.lock',
-    'log': '/var/log/gpufleet/guard.jsonl',
-    'audit_log': '/var/log/gpufleet/audit.jsonl',
-    'metrics': metrics_mod.DEFAULT_PATH,
-    'history': '/var/lib/gpufleet/history.db',
-    'allocations': '/run/gpufleet/allocations.json',
-}
-SETTINGS_KEYS = ('vendor', 'policy_path', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path',
-                 'lock_path', 'webhook_url', 'webhook_allow_http', 'webhook_timeout', 'release_timeout',
-                 'history_retention_days', 'driver_timeout')
 MAX_TRACKED = 10000
-
-
-class Paths(object):
-    """Where the agent reads and writes.  ``root`` prefixes every default (tests); explicit paths win.
-    An empty ``metrics`` or ``history`` path turns that output off."""
-
-    def __init__(self, root=None, **overrides):
-        for name, default in DEFAULT_PATHS.items():
-            value = overrides.get(name)
-            if value is None:
-                value = os.path.join(root, default.lstrip('/')) if root else default
-            setattr(self, name, value or None)
-        self.root = root
-
-    def to_dict(self):
-        return dict((name, getattr(self, name)) for name in DEFAULT_PATHS)
-
-
-class Settings(object):
-    """Agent settings (not policy): from the settings file and the command line."""
-
-    def __init__(self, vendor='auto', webhook_url=None, webhook_timeout=None, release_timeout=5.0,
-                 history_retention_days=None, dev_root='/dev', utmp_paths=notify_mod.UTMP_PATHS, mode=None):
-        self.vendor = vendor
-        self.webhook_url = webhook_url
-        self.webhook_timeout = webhook_timeout
-        self.release_timeout = release_timeout
-        self.history_retention_days = history_retention_days
-        self.dev_root = dev_root
-        self.utmp_paths = utmp_paths
-        self.mode = mode              # overrides the policy's mode (tick --dry-run)
-        # the snapshot's driver reads run in a watchdog child with this deadline (seconds)
-        self.driver_timeout = watchdog.DEFAULT_TICK_TIMEOUT
-        self.refused = None           # why the settings file was not read (a link, or someone else could change it)
-
-
-def load_settings(path, paths):
-    """Read the settings file (YAML or JSON mapping, mode 0600: it may hold the webhook URL).
-
-    Missing file: defaults.  Path keys update ``paths``.  Raises InvalidArgument on a bad file (a
-    PolicyError naming the file, and each bad setting with its line where known and its value).  A
-    file that is a link, or that someone else than root (or the agent's user) could change or swap
-    (safe_files): not read, the defaults, ``refused`` says why (a tick then refuses to act).
-    """
-    settings = Settings()
-    if not path:
-        return settings
-    try:
-        # no link followed; the file and every directory above it checked on their descriptors
-        text = safe_files.read_file(path, 1024 * 1024).decode('utf-8')
-    except FileNotFoundError:
-        return settings
-    except safe_files.UnsafeFile as exc:
-        # not read: the defaults apply, and a tick refuses to act (untrusted_inputs checks this file too)
-        settings.refused = 'the settings were not read: %s' % exc
-        return settings
-    except (OSError, UnicodeDecodeError) as exc:
-        raise policy_mod.PolicyError([('', None, 'cannot read the settings: %s' % (getattr(exc, 'strerror', None) or exc))],
-                                     path, what='settings')
-    # the format by the extension (guard.yaml: YAML), the same limits as the policy's
-    data, lines = policy_mod.read_document_lines(text, path, what='settings')
-    if data is None:
-        return settings
-    if not isinstance(data, dict):
-        raise policy_mod.PolicyError([('', data, 'the settings are a mapping')], path, what='settings')
-    errors = []
-    allow_http = False
-    for key, value in data.items():
-        if key not in SETTINGS_KEYS:
-            errors.append((key, value, 'unknown setting; expected one of %s' % ', '.join(SETTINGS_KEYS)))
-        elif key == 'policy_path' and value in (None, ''):
-            errors.append((key, value, 'expected the absolute path of the policy file (the policy cannot be turned off)'))
-        elif key.endswith('_path'):
-            if value not in (None, '') and (not isinstance(value, str) or not value.startswith('/')):
-                errors.append((key, value, 'expected an absolute path (or an empty value to turn it off)'))
-            else:
-                setattr(paths, key[:-5], value or None)
-        elif key == 'vendor':
-            if value not in ('auto', 'nvidia', 'amd', 'intel', 'apple'):
-                errors.append((key, value, 'expected auto, nvidia, amd, intel or apple'))
-            settings.vendor = value
-        elif key == 'webhook_url':
-            settings.webhook_url = value if value not in (None, '') else None
-        elif key == 'webhook_allow_http':
-            if value is not None and not isinstance(value, bool):
-                errors.append((key, value, 'expected true or false'))
-                allow_http = None
-            else:
-                allow_http = bool(value)
-        elif value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3650:
-                errors.append((key, value, 'expected a positive number'))
-            else:
-                setattr(settings, key, float(value) if key != 'history_retention_days' else int(value))
-    url = settings.webhook_url
-    why = None if url is None or allow_http is None else notify_mod.webhook_url_problem(url, allow_http, 'webhook_allow_http')
-    if why:
-        errors.append(('webhook_url', (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why))
-    if errors:
-        raise policy_mod.PolicyError(errors, path, lines, what='settings')
-    return settings
-
-
-# ============================================================================ lock and state
-class TickLock(object):
-    """An exclusive, non-blocking flock; ``acquired`` is False when another tick holds it.
-
-    The lock file is opened without following a link (O_NOFOLLOW, every directory above it
-    checked) and checked on its descriptor; an unsafe one raises safe_files.UnsafeFile."""
-
-    def __init__(self, path):
-        self.path = path
-        self.fd = None
-        self.acquired = False
-
-    def __enter__(self):
-        return self.acquire()
-
-    def __exit__(self, *exc):
-        self.release()
-        return False
-
-    def acquire(self):
-        self.fd = safe_files.open_lock(self.path, dir_mode=0o755)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            self.acquired = True
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                os.close(self.fd)
-                self.fd = None
-                raise
-        return self
-
-    def release(self):
-        if self.fd is not None:
-            os.close(self.fd)  # closing releases the lock
-            self.fd = None
-
-
-def new_state(now):
-    return {'version': STATE_VERSION, 'created': now, 'idle': {}, 'violations': {},
-            'counters': {'ticks': 0, 'state_rebuilt': 0, 'warnings': {}, 'kills': {}, 'actions': {}, 'failures': {},
-                         'notify_failures': {}}}
-
-
-def _valid_state(data):
-    if not isinstance(data, dict) or data.get('version') != STATE_VERSION:
-        return 'not a version %d state' % STATE_VERSION
-    for key in ('idle', 'violations', 'counters'):
-        if not isinstance(data.get(key), dict):
-            return '"%s" is missing or not an object' % key
-    for key, entry in data['violations'].items():
-        if not isinstance(entry, dict) or not policy_mod._is_number(entry.get('first_seen')) \
-                or not isinstance(entry.get('warnings'), int) or isinstance(entry.get('warnings'), bool):
-            return 'violation entry %r is malformed' % key
-        if any(entry.get(name) is not None and not policy_mod._is_number(entry.get(name)) for name in ('acted_at', 'gone_since')):
-            return 'violation entry %r is malformed' % key
-    for key, clock in data['idle'].items():
-        if not isinstance(clock, dict) or not policy_mod._is_number(clock.get('since')):
-            return 'idle clock %r is malformed' % key
-    return None
-
-
-def load_state(path, now):
-    """(state, warning or None).  A missing, unreadable or corrupt file gives a fresh state and a
-    warning; so does a state whose clock lies in the future (the system clock went back)."""
-    try:
-        raw = safe_files.read_file(path, 64 * 1024 * 1024)
-    except FileNotFoundError:
-        return new_state(now), None
-    except OSError as exc:
-        state = new_state(now)
-        state['counters']['state_rebuilt'] = 1
-        return state, 'state file %s could not be read (%s); rebuilt: escalations restart from their first warning' % (
-            path, exc.strerror or exc)
-    try:
-        data = json.loads(raw.decode('utf-8'))
-        why = _valid_state(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        data, why = None, 'not JSON: %s' % exc
-    if why is None and policy_mod._is_number(data.get('last_tick')) and data['last_tick'] > now + 300:
-        why = 'its last tick (%s) lies in the future; the clock went back' % data['last_tick']
-    if why is not None:
-        state = new_state(now)
-        counters = data.get('counters') if isinstance(data, dict) else None
-        rebuilt = counters.get('state_rebuilt') if isinstance(counters, dict) else None
-        state['counters']['state_rebuilt'] = (rebuilt if isinstance(rebuilt, int) and not isinstance(rebuilt, bool) else 0) + 1
-        return state, 'state file %s is corrupt (%s); rebuilt: escalations restart from their first warning' % (path, why)
-    data.setdefault('counters', {})
-    for key in ('warnings', 'kills', 'actions', 'failures', 'notify_failures', 'user_actions'):
-        if not isinstance(data['counters'].get(key), dict):
-            data['counters'][key] = {}
-    return data, None
-
-
-def save_state(path, state):
-    """Write the state atomically (temp file, fsync, rename), mode 0600.
-
-    Temporary files that a tick killed halfway through its write left behind are removed first
-    (only a tick writes the state, and ticks hold the lock, so no other writer owns one)."""
-    text = json.dumps(state, sort_keys=True, separators=(',', ':'), default=str)
-    safe_files.write_atomic(path, text, mode=0o600, dir_mode=0o750, remove_stale=True)
 
 
 # ============================================================================ escalation
@@ -395,7 +178,6 @@ def check_device_files(snapshot, pids, dev_roots=None, proc_root='/proc'):
     The killer skips a listed pid that holds no GPU device file here (the driver's pid may be a
     process of another PID namespace), so the processes about to be signalled are checked.
     """
-    from .processes import match_device  # pylint: disable=import-outside-toplevel
     for pid in pids:
         proc = snapshot.process(pid)
         if proc is None or proc.device_paths is not None or not proc.found:
@@ -718,7 +500,6 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
     if snapshot is None:
         if take_snapshot is None:
             from .snapshot import take_snapshot  # pylint: disable=import-outside-toplevel
-        from .processes import ProcessInventory  # pylint: disable=import-outside-toplevel
         # /proc read directly (a fraction of psutil's cost per process; the agent needs no psutil), and
         # no scan of every process's open files: policies concern the processes the driver lists, and
         # the few that are about to be signalled get their files checked in execute()
@@ -807,7 +588,6 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
 
 def remediation_options(policy, paths):
     """RemediateOptions from the policy's ``remediation`` section; the ladder's state lives next to the guard's."""
-    from .killer import DEFAULT_PROTECT_NAMES  # pylint: disable=import-outside-toplevel
     # only when the remediation section is enabled
     from .remediate import RemediateOptions  # pylint: disable=import-outside-toplevel
     section = policy.remediation
@@ -817,7 +597,7 @@ def remediation_options(policy, paths):
                             protect_users=tuple(sorted(policy.protect.users)), drain=section.drain,
                             drain_command=section.drain_command, node_name=section.node_name, reboot_flag=section.reboot_flag,
                             orphan_threshold_mib=section.orphan_threshold_mib, verify_timeout=section.verify_timeout,
-                            state_path=os.path.join(os.path.dirname(paths.state), 'remediation.json') if paths.state else None,
+                            state_path=os.path.join(os.path.dirname(paths.state), os.path.basename(REMEDIATION_STATE_PATH)) if paths.state else None,
                             audit_path=paths.audit_log or None)
 
 

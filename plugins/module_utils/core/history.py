@@ -21,11 +21,12 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from urllib.parse import quote
 
 from . import notify, safe_files
-from .errors import GpuFleetError
+from .constants import HISTORY_PATH as DEFAULT_PATH
+from .errors import HistoryError
 
-DEFAULT_PATH = '/var/lib/gpufleet/history.db'
 SCHEMA_VERSION = 1
 DEFAULT_RETENTION_DAYS = 30
 MAX_RETENTION_DAYS = 3660
@@ -49,10 +50,6 @@ SCHEMA = (
 )
 
 
-class HistoryError(GpuFleetError):
-    """The history database cannot be read or written (permissions, corruption, newer schema)."""
-
-
 def _gpu_util(proc, dev):
     """Per-(process, GPU) utilization: the driver's own figure, else the GPU's when the process is alone on it."""
     value = getattr(proc, 'util_pct', None)
@@ -68,7 +65,6 @@ def _connect_rw(path):
     command lines) or opened without following a link, every directory above it checked, and
     checked on its descriptor; sqlite then opens it (``mode=rw``: never creates), and one of this
     process's descriptors must then refer to the very file that was checked."""
-    from urllib.parse import quote  # pylint: disable=import-outside-toplevel
     try:
         fd = safe_files.open_checked(path, os.O_RDWR | os.O_CREAT, 0o600, dir_mode=0o750)
         try:
@@ -172,7 +168,6 @@ class HistoryReader(object):
             raise HistoryError('no usage history at %s (the guard writes it; see gpufleet.reclaim.guard)' % path)
         try:
             # readers only, not a tick
-            from urllib.parse import quote  # pylint: disable=import-outside-toplevel
             self.conn = sqlite3.connect('file:%s?mode=ro' % quote(os.path.abspath(path)), uri=True, timeout=BUSY_TIMEOUT_S)
             self.meta = dict(self.conn.execute('SELECT key, value FROM meta').fetchall())
         except sqlite3.Error as exc:

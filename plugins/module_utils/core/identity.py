@@ -99,6 +99,13 @@ def read_starttime(pid, proc_root='/proc'):
     return None if stat is None else stat['starttime']
 
 
+def read_ppid(pid, proc_root='/proc'):
+    """The parent pid of ``pid`` (field 4 of /proc/PID/stat), or None when it is gone.  The one reader
+    of a parent pid: the killer's process trees and the DRM client owner use it."""
+    stat = read_stat(pid, proc_root)
+    return None if stat is None else stat['ppid']
+
+
 def parse_status_uids(data):
     """(real, effective, saved, filesystem) uids from /proc/PID/status bytes, or None.
 

@@ -25,8 +25,8 @@ import json
 import os
 
 from . import safe_files
+from .constants import UTILIZATION_PATH as DEFAULT_PATH
 
-DEFAULT_PATH = '/var/lib/gpufleet/utilization.json'
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_SAMPLES = 720
 MAX_AGE = 7 * 86400

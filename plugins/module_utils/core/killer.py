@@ -23,14 +23,10 @@ import os
 import signal
 import time
 
-from .identity import name_trusted, parse_stat
+from .constants import DEFAULT_PROTECT_NAMES
+from .identity import Identity, name_trusted, read_ppid
 from .processes import read_proc_files, user_name
 
-DEFAULT_PROTECT_NAMES = (
-    'Xorg', 'X', 'Xwayland', 'gnome-shell', 'kwin_x11', 'kwin_wayland', 'gdm', 'gdm3', 'sddm', 'lightdm',
-    'WindowServer', 'nvidia-persistenced', 'nv-hostengine', 'dcgm-exporter', 'dcgmi', 'nvidia-fabricmanager',
-    'sshd', 'systemd', 'init', 'containerd', 'dockerd', 'kubelet', 'slurmd', 'slurmstepd',
-)
 PF_KTHREAD = 0x00200000
 KTHREADD_PID = 2
 DEAD_STATES = ('Z', 'X', 'x')
@@ -39,26 +35,41 @@ CMDLINE_LIMIT = 65536
 
 
 class ProcInfo(object):
-    """What /proc says about one pid at one moment (None fields are unknown).  ``uid`` is the real uid.
+    """What /proc says about one pid at one moment: its ``identity`` (an identity.Identity, the one
+    record of who a process is), plus the executable's path and the command line the killer names
+    it by (None: unknown).  ``pid``, ``comm``, ``state``, ``ppid``, ``session``, ``flags``,
+    ``starttime`` and ``uid`` (the real uid) are the identity's.
 
-    ``identity``: the identity.Identity it was read with (uids, executable); None for a ProcInfo
-    made by hand, whose names then protect nothing.
+    Made by hand (``ProcInfo(pid, comm, state, ppid, session, flags, starttime, uid, exe, cmdline)``,
+    tests), the identity has no examined executable, so its names protect nothing; read_proc makes
+    one from the identity it read (``ProcInfo.of``).
     """
 
-    __slots__ = ('pid', 'comm', 'state', 'ppid', 'session', 'flags', 'starttime', 'uid', 'exe', 'cmdline', 'identity')
+    __slots__ = ('identity', 'exe', 'cmdline')
 
-    def __init__(self, pid, comm, state, ppid, session, flags, starttime, uid, exe, cmdline, identity=None):
-        self.pid = pid
-        self.comm = comm
-        self.state = state
-        self.ppid = ppid
-        self.session = session
-        self.flags = flags
-        self.starttime = starttime
-        self.uid = uid
+    def __init__(self, pid, comm, state, ppid, session, flags, starttime, uid, exe, cmdline):
+        uids = None if uid is None else (uid,) * 4
+        self.identity = Identity(pid, starttime, state, ppid, session, flags, comm, uids)
         self.exe = exe
         self.cmdline = cmdline
-        self.identity = identity
+
+    @classmethod
+    def of(cls, identity, exe, cmdline):
+        """The ProcInfo of an Identity read from /proc, with the executable's path and the command line."""
+        info = cls.__new__(cls)
+        info.identity = identity
+        info.exe = exe
+        info.cmdline = cmdline
+        return info
+
+    pid = property(lambda self: self.identity.pid)
+    comm = property(lambda self: self.identity.comm)
+    state = property(lambda self: self.identity.state)
+    ppid = property(lambda self: self.identity.ppid)
+    session = property(lambda self: self.identity.session)
+    flags = property(lambda self: self.identity.flags)
+    starttime = property(lambda self: self.identity.starttime)
+    uid = property(lambda self: self.identity.uid)
 
     @property
     def argv0(self):
@@ -92,27 +103,17 @@ def read_proc(pid, proc_root='/proc'):
     files = read_proc_files(pid, proc_root, cmdline_limit=CMDLINE_LIMIT)
     if files is None:
         return None
-    stat = files['stat']
-    return ProcInfo(pid, stat['comm'], stat['state'], stat['ppid'], stat['session'], stat['flags'], stat['starttime'],
-                    files['uid'], files['exe'], files['cmdline'], files['identity'])
+    return ProcInfo.of(files['identity'], files['exe'], files['cmdline'])
 
 
 def ancestors(pid, proc_root='/proc', limit=4096):
     """The pids above ``pid`` up to pid 1 (bounded, so a corrupt /proc cannot loop us)."""
     found = []
-    ppid = _parent(pid, proc_root)
+    ppid = read_ppid(pid, proc_root)
     while ppid and len(found) < limit:
         found.append(ppid)
-        ppid = _parent(ppid, proc_root)
+        ppid = read_ppid(ppid, proc_root)
     return found
-
-
-def _parent(pid, proc_root):
-    try:
-        with open('%s/%d/stat' % (proc_root, pid), 'rb') as handle:
-            return parse_stat(handle.read().decode('utf-8', 'replace'))['ppid']
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def children_of(pids, proc_root='/proc'):
@@ -176,7 +177,7 @@ def _parent_map(proc_root):
         return by_parent
     for name in names:
         if name.isdigit():
-            ppid = _parent(int(name), proc_root)
+            ppid = read_ppid(int(name), proc_root)
             if ppid is not None:
                 by_parent.setdefault(ppid, []).append(int(name))
     return by_parent

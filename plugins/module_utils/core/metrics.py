@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import math
 
+from .constants import MODES, ROGUE_LEVELS
 from .model import HEALTH_STATUSES, RECOVERY_ACTIONS
-from .policy import ROGUE_LEVELS
 
-DEFAULT_PATH = '/var/lib/node_exporter/textfile_collector/gpufleet.prom'
 XID_HELP = ('Xid errors of the GPU in the kernel log and driver events (its most recent 32), per Xid code and fault class '
             '(application, gpu, driver, system, unknown: core/xid.py)')
 ROGUE_HELP = 'Processes the rogue detector found at each level in the last tick (allowlisted ones left out)'
@@ -177,6 +176,6 @@ def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=N
     out.add('gpufleet_guard_driver_crashed', 'gauge', '1 when the driver library crashed in the last tick',
             tick.get('driver_crashed') is not None)
     if mode:
-        for name in ('dry-run', 'warn', 'enforce'):
+        for name in MODES:
             out.add('gpufleet_guard_mode', 'gauge', 'The enforcement mode (1 for the active one)', name == mode, {'mode': name})
     return out

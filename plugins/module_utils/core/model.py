@@ -25,7 +25,6 @@ RECOVERY_ACTIONS = ('none', 'reset', 'reboot', 'drain_p2p', 'drain_and_reset', '
                     'system_reboot')
 # Xid events kept per device (the most recent ones).
 MAX_XID_EVENTS = 32
-PROCESS_TYPES = ('compute', 'graphics', 'mps')
 NOT_FOUND = 'not_found'
 # MiB per listed process that a vendor's driver uses for the context and charges to no process;
 # unattributed memory up to this allowance is bookkeeping, not orphaned.  Measured on an NVIDIA H200

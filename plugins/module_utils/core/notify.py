@@ -21,10 +21,12 @@ import os
 import re
 import stat
 import struct
+from urllib.parse import urlsplit
 
 from .errors import InvalidArgument
-from .select import bounded_sub
 from .text import printable
+from .textmatch import bounded_sub
+from .units import human_duration
 
 UTMP_PATHS = ('/run/utmp', '/var/run/utmp')
 USER_PROCESS = 7
@@ -74,7 +76,7 @@ def redact_text(text, patterns):
     """``text`` with every match of ``patterns`` replaced.  A pattern's groups are kept (so that
     ``--password=`` stays readable) and the rest of the match becomes ``<redacted>``.
 
-    The patterns run under the selectors' bounds (select.bounded_sub: the first MAX_MATCH_TEXT
+    The patterns run under the selectors' bounds (textmatch.bounded_sub: the first MAX_MATCH_TEXT
     characters, MATCH_TIMEOUT_S per pattern).  A pattern that runs out of time fails closed: the
     whole text becomes REDACTED_SLOW, never the unredacted text."""
     if not text:
@@ -221,9 +223,9 @@ def post_webhook(url, payload, timeout=5.0):
 
     http.client directly (the agent has no Ansible, hence no open_url); no proxy, no redirects.
     """
+    # ssl and http.client cost a tick about 30 ms to import: loaded only when a webhook is sent
     import http.client  # pylint: disable=import-outside-toplevel
     import ssl  # pylint: disable=import-outside-toplevel
-    from urllib.parse import urlsplit  # pylint: disable=import-outside-toplevel
     body = json.dumps(payload, sort_keys=True, default=str).encode('utf-8')
     if len(body) > MAX_PAYLOAD:
         return 'payload larger than %d bytes; not sent' % MAX_PAYLOAD
@@ -307,18 +309,9 @@ def user_text(host, user, items, mode, prefix=''):
             when = item.get('act_in')
             tail = ''
             if item.get('acts') and when is not None:
-                tail = ' Process(es) %s will be terminated in about %s unless this is fixed.' % (pids, _human(when))
+                tail = ' Process(es) %s will be terminated in about %s unless this is fixed.' % (pids, human_duration(when))
             lines.append('- Warning %s: %s.%s' % (item.get('step') or 1, item['message'], tail))
     return '\n'.join(printable(line) for line in lines)[:MAX_MESSAGE]
-
-
-def _human(seconds):
-    seconds = max(0, int(seconds))
-    if seconds >= 3600:
-        return '%dh%02dm' % (seconds // 3600, seconds % 3600 // 60)
-    if seconds >= 60:
-        return '%d min' % (seconds // 60 + (1 if seconds % 60 >= 30 else 0))
-    return '%d s' % seconds
 
 
 class Notifier(object):
@@ -367,7 +360,6 @@ def webhook_url_problem(url, allow_http=False, opt_in='allow_http'):
     """
     if not isinstance(url, str) or not re.match(r'^https?://[^\s]+$', url):
         return 'expected an https:// URL'
-    from urllib.parse import urlsplit  # pylint: disable=import-outside-toplevel  # not on a tick's path
     try:
         parts = urlsplit(url)
         host = parts.hostname

@@ -23,6 +23,11 @@ import os
 import re
 import stat as stat_mod
 
+try:
+    import pwd
+except ImportError:  # not a Unix: user names are shown as uids
+    pwd = None
+
 from .identity import kernel_lines, read_bytes as _read_bytes, read_identity
 from .identity import parse_stat, read_starttime  # pylint: disable=unused-import  # importable from here too
 from .model import NOT_FOUND, ContainerInfo, Holder, ProcessRecord
@@ -443,18 +448,16 @@ def _boot_time(proc_root):
 def user_name(uid):
     """The login name of ``uid``, or the number as text when it has none."""
     try:
-        import pwd  # pylint: disable=import-outside-toplevel
-        return pwd.getpwuid(uid).pw_name
-    except (ImportError, KeyError):
+        return pwd.getpwuid(uid).pw_name if pwd is not None else str(uid)
+    except KeyError:
         return str(uid)
 
 
 def user_uid(name):
     """The uid of login name ``name``, or None when this node does not know it."""
     try:
-        import pwd  # pylint: disable=import-outside-toplevel
-        return pwd.getpwnam(name).pw_uid
-    except (ImportError, KeyError):
+        return pwd.getpwnam(name).pw_uid if pwd is not None else None
+    except KeyError:
         return None
 
 

@@ -4,7 +4,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
 # PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
-"""Parsing of the durations and sizes that users write in module options and policies."""
+"""Parsing of the durations and sizes that users write in module options and policies, and the one
+formatter of durations for people (``human_duration``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ _SIZE_UNITS = {
     'k': 1.0 / 1024, 'kb': 1.0 / 1024, 'kib': 1.0 / 1024,
 }
 _SIZE = re.compile(r'^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$')
+
+
+def is_number(value):
+    """An int or a float, not a bool (JSON and YAML numbers as read back)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def parse_duration(value, field='duration'):
@@ -101,3 +107,16 @@ def _shown(value):
     if isinstance(value, str) and len(value) > 64:
         return value[:64] + '...'
     return value
+
+
+def human_duration(seconds):
+    """A duration for people, two units at most: ``45s``, ``5m03s``, ``2h05m``, ``3d04h`` (rounded down,
+    negative values as ``0s``).  The one formatter of the core's messages, reasons and tables."""
+    seconds = max(0, int(seconds))
+    if seconds >= 86400:
+        return '%dd%02dh' % (seconds // 86400, seconds % 86400 // 3600)
+    if seconds >= 3600:
+        return '%dh%02dm' % (seconds // 3600, seconds % 3600 // 60)
+    if seconds >= 60:
+        return '%dm%02ds' % (seconds // 60, seconds % 60)
+    return '%ds' % seconds

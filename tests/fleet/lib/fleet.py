@@ -31,6 +31,8 @@ import sys
 import time
 import uuid
 
+import fleet_slurm  # pylint: disable=cyclic-import
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, '..', '..', '..'))
 SIM_DIR = os.path.join(REPO, 'tests', 'sim')
@@ -380,12 +382,14 @@ def down(fleet_dir, timeout=10.0, quiet=False):
         stat = proc_stat(pid)
         if stat is not None:
             extra.append({'unshare_pid': pid, 'unshare_starttime': stat[2], 'systemd': _comm(pid) == NSPAWN[:15]})
-    if state is None and not extra:
+    slurm_left = fleet_slurm.unrecorded_daemons(fleet_dir, ()) if state is None else []
+    if state is None and not extra and not slurm_left:
         if not quiet:
             say('fleet down: no fleet recorded in %s (nothing to do)' % fleet_dir)
         return 0
     started = time.monotonic()
     stop_nodes(nodes + extra, timeout)
+    fleet_slurm.stop(fleet_dir, state.get('slurm') if state else None, timeout)  # after the nodes: their slurmd went with them
     if os.path.exists(os.path.join(fleet_dir, 'nodes.json')):
         os.unlink(os.path.join(fleet_dir, 'nodes.json'))
     if not quiet:
@@ -705,6 +709,9 @@ class Node:
         self.gpusim_init = None
         self.systemd = False     # a systemd-nspawn container: unshare_pid is its systemd-nspawn
         self.cgroups = []        # the container's own cgroups (make_cgroups), removed once it is down
+        self.slurmd_port = None  # --slurm: this node's slurmd (started by its init, host pid found as the init's child)
+        self.slurmd_pid = None
+        self.slurmd_starttime = None
 
     def record(self):
         return {
@@ -712,6 +719,7 @@ class Node:
             'unshare_pid': self.unshare_pid, 'unshare_starttime': self.unshare_starttime,
             'init_pid': self.init_pid, 'init_starttime': self.init_starttime,
             'pidns': self.pidns, 'mntns': self.mntns, 'systemd': self.systemd, 'cgroups': self.cgroups,
+            'slurmd_port': self.slurmd_port, 'slurmd_pid': self.slurmd_pid, 'slurmd_starttime': self.slurmd_starttime,
         }
 
     @classmethod
@@ -726,9 +734,11 @@ class Fleet:
     """Brings up a fleet (see `up`)."""
 
     def __init__(self, fleet_dir, nodes, gpus=4, vendor='nvidia', init_args=(), python=None,
-                 timeout=None, use_gpusim=True, quiet=False, vendors=None, systemd=False):
+                 timeout=None, use_gpusim=True, quiet=False, vendors=None, systemd=False, slurm=False):
         self.dir = os.path.abspath(fleet_dir)
         self.systemd = systemd
+        self.slurm = slurm
+        self.cluster = None      # --slurm: fleet_slurm.Cluster
         self.count = nodes
         self.gpus = gpus
         self.vendor = vendor
@@ -769,6 +779,10 @@ class Fleet:
             check_systemd_host(self.dir)
             proc = subprocess.run([self.python, '-c', 'import sys; print(sys.base_prefix)'], stdout=subprocess.PIPE, timeout=60, check=True)
             self.python_base = proc.stdout.decode().strip()
+        if self.slurm:
+            if self.systemd:
+                raise FleetError('--slurm runs slurmd under a node\'s own init: it does not go with --systemd')
+            fleet_slurm.check_host()
         if self.vendors and any(v not in VENDORS for v in self.vendors):
             raise FleetError('--vendors: each vendor must be one of %s, got %s' % (', '.join(VENDORS), ','.join(self.vendors)))
         if self.use_gpusim:
@@ -802,6 +816,11 @@ class Fleet:
             node.vendor = self.vendors[i % len(self.vendors)] if self.vendors else self.vendor
             node.env = envs[node.vendor]
             node.gpusim_init = self._gpusim_init(node.vendor) if self.use_gpusim else None
+        if self.slurm:
+            self.cluster = fleet_slurm.Cluster(self)
+            self.cluster.prepare()
+            for env in envs.values():  # sinfo, sbatch, ... in a node's sessions and jobs find the cluster
+                env['SLURM_CONF'] = self.cluster.conf
         keys = [(os.path.join(self.dir, 'id_ed25519'), 'gpufleet-controller')]
         for node in self.nodes:
             os.makedirs(node.dir)
@@ -867,6 +886,8 @@ class Fleet:
             'gpusim_init': node.gpusim_init,
             'sshd_config': os.path.join(node.dir, 'sshd_config'),
         }
+        if self.cluster:
+            setup.update(self.cluster.node_setup(node))
         _write(os.path.join(node.dir, 'setup.json'), json.dumps(setup, indent=1) + '\n')
 
     def _prepare_systemd_node(self, node, private_dirs):
@@ -986,6 +1007,8 @@ class Fleet:
             'vendors': [n.vendor for n in self.nodes],
             'python': self.python, 'created': time.time(), 'nodes': [n.record() for n in self.nodes if n.unshare_pid],
         }
+        if self.cluster:
+            state['slurm'] = self.cluster.record()
         _write(os.path.join(self.dir, 'nodes.json'), json.dumps(state, indent=1) + '\n')
 
     @staticmethod
@@ -1045,10 +1068,15 @@ class Fleet:
 
     def start(self):
         started = time.monotonic()
+        if self.cluster:
+            self.cluster.start_controller()
         for node in self.nodes:
             self._spawn(node)
         self.save_state('starting')
         wait_ready(self.nodes, started, self.timeout, self._retry)
+        if self.cluster:
+            self.save_state('starting')
+            self.cluster.wait_nodes(started, self.timeout)
         self.save_state('up')
         return time.monotonic() - started
 
@@ -1226,11 +1254,14 @@ def main_up(argv=None):
     parser.add_argument('--no-gpusim', action='store_true', help='do not run gpusim (SSH/namespace testing only)')
     parser.add_argument('--systemd', action='store_true',
                         help='every node is a systemd-nspawn container with systemd as pid 1 (package systemd-container)')
+    parser.add_argument('--slurm', action='store_true',
+                        help='a real Slurm: munged and slurmctld on 127.0.0.1, slurmd inside every node (docs/slurm.md)')
     parser.add_argument('-q', '--quiet', action='store_true')
     args = parser.parse_args(argv)
     try:
         up(args.dir, args.nodes, gpus=args.gpus, vendor=args.vendor, init_args=args.init_arg, python=args.python,
-           timeout=args.timeout, use_gpusim=not args.no_gpusim, quiet=args.quiet, vendors=args.vendors, systemd=args.systemd)
+           timeout=args.timeout, use_gpusim=not args.no_gpusim, quiet=args.quiet, vendors=args.vendors, systemd=args.systemd,
+           slurm=args.slurm)
     except FleetError as exc:
         say('fleet up: error: %s' % exc)
         return 1

@@ -19,7 +19,8 @@ so this script runs as pid 1 of the node's PID namespace.  It only uses the stan
 5. re-binds the repository and the controller venv read-only, so a role applied on a node cannot
    write into the controller's tree;
 6. runs `gpusim init` with the node's environment;
-7. execs /bin/sh (dash) node_init.sh as the node's init: it starts `sshd -D` as its child, reaps
+7. starts the node's extra daemons (`--slurm`: gpusim's driver daemon and `slurmd -D`) as its children;
+8. execs /bin/sh (dash) node_init.sh as the node's init: it starts `sshd -D` as its child, reaps
    every orphan reparented to it (simulated workloads are daemons), and exits when sshd exits.
    SIGTERM from the host makes it SIGTERM everything in the namespace and exit; the kernel then
    SIGKILLs the rest.
@@ -32,6 +33,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 
@@ -81,7 +83,7 @@ def bind(source, target, readonly=False):
         mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
 
 
-def build_dev(stage, dev_files, dev_dirs):
+def build_dev(stage, dev_files, dev_dirs, dev_char=None):
     """Populate a tmpfs at `stage`, then move it over /dev (the host /dev stays untouched)."""
     mount('gpufleet-dev', stage, 'tmpfs', MS_NOSUID, 'mode=0755,size=1m')
     for name in HOST_DEVICES:
@@ -96,8 +98,14 @@ def build_dev(stage, dev_files, dev_dirs):
         os.symlink('/proc/self/fd/%d' % num, os.path.join(stage, name))
     # Plain files standing for the GPU device nodes: simulated workloads open them, so a
     # /proc/*/fd scan in the node finds holders exactly like on a real GPU node.
+    # With --slurm they are character devices with the numbers of /dev/null (dev_char = [1, 3]): Slurm's GRES
+    # takes nothing else, and opening one stays harmless on any machine.
     for name in dev_files:
-        touch(os.path.join(stage, name), 0o666)
+        if dev_char:
+            os.mknod(os.path.join(stage, name), 0o666 | stat.S_IFCHR, os.makedev(*dev_char))
+            os.chmod(os.path.join(stage, name), 0o666)
+        else:
+            touch(os.path.join(stage, name), 0o666)
     mount(stage, '/dev', None, MS_MOVE)
     mount('devpts', '/dev/pts', 'devpts', MS_NOSUID | MS_NOEXEC, 'newinstance,ptmxmode=0666,mode=0620,gid=5')
     mount('shm', '/dev/shm', 'tmpfs', MS_NOSUID | MS_NODEV, 'mode=1777')
@@ -128,7 +136,10 @@ def main():
         os.makedirs(path, mode, exist_ok=True)
         os.chmod(path, mode)
     # 4. /dev
-    build_dev(cfg['dev_stage'], cfg['dev_files'], cfg['dev_dirs'])
+    build_dev(cfg['dev_stage'], cfg['dev_files'], cfg['dev_dirs'], cfg.get('dev_char'))
+    # (--slurm) the node's own cgroup bound over the freezer hierarchy, where slurmd makes its job cgroups
+    for source, target in cfg.get('binds', []):
+        bind(source, target)
     # 5. controller tree read-only inside the node
     for path in cfg['readonly']:
         if os.path.isdir(path):
@@ -140,10 +151,13 @@ def main():
         if proc.returncode != 0:
             log('%s failed with status %d' % (' '.join(cfg['gpusim_init']), proc.returncode))
             return 3
-    # 7. become the reaping init that runs sshd
+    # 8. become the reaping init that runs sshd
     sys.stdout.flush()
     sys.stderr.flush()
     os.chdir('/')
+    # 7. (--slurm) the node's daemons besides sshd: children of pid 1, so of node_init.sh once exec'd (it reaps them)
+    for argv in cfg.get('daemons', []):
+        subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, cwd='/')  # pylint: disable=consider-using-with
     os.execve('/bin/sh', ['/bin/sh', INIT_SCRIPT, cfg['sshd_config']], env)
     return 4
 

@@ -22,7 +22,7 @@ import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.filter.printable import FilterModule as PrintableFilters
 from ansible_collections.gpufleet.reclaim.plugins.filter.redact_gpu_facts import redact_gpu_facts
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli, guard, history, notify, policy, reset, select
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli, guard, history, notify, policy, reset, select, textmatch
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import printable, printable_lines
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_audit, gpu_kill
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import GIB, proc, snapshot
@@ -140,12 +140,12 @@ def test_default_patterns_pass_the_user_regex_guards_and_stay_fast_on_hostile_te
 def test_redact_argv_fails_closed_and_keeps_none():
     assert notify.redact_argv(None, notify.default_patterns()) is None
     slow = [select.compile_regex('r', '.*.*.*x')]
-    old = select.MATCH_TIMEOUT_S
-    select.MATCH_TIMEOUT_S = 0.05
+    old = textmatch.MATCH_TIMEOUT_S
+    textmatch.MATCH_TIMEOUT_S = 0.05
     try:
         out = notify.redact_argv(['a' * 20000, '--password=hunter2'], slow + notify.default_patterns())
     finally:
-        select.MATCH_TIMEOUT_S = old
+        textmatch.MATCH_TIMEOUT_S = old
     assert out == [notify.REDACTED_SLOW, '--password=<redacted>']          # the slow argument whole, never as it was
 
 

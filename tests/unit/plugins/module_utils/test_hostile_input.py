@@ -24,7 +24,7 @@ import types
 
 import pytest
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import drm_fdinfo, killer, notify, policy, processes, rogue, select
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import drm_fdinfo, killer, notify, policy, processes, rogue, select, textmatch
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends.apple import AppleBackend, gpu_time_ns, parse_creator
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends.base import to_number
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
@@ -89,9 +89,9 @@ CATASTROPHIC = ['(a+)+$', '(a*)*$', '((a+))+$', '(?:(?:a|b)+)+$', '(a|aa)+$', '(
                 '(.*a){12}$', '(a?){30}a{30}', '^(([a-z])+.)+[A-Z]([a-z])+$']
 RUNNER = r'''
 import json, sys, types
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import select
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import select, textmatch
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
-select.MATCH_TIMEOUT_S = 0.25
+textmatch.MATCH_TIMEOUT_S = 0.25
 out = {}
 texts = ['a' * (select.MAX_MATCH_TEXT - 1) + '!' + 'a' * 1000000]   # 1 MB; the first 32 KiB fail slowly
 for pattern in json.loads(sys.argv[1]):
@@ -145,7 +145,7 @@ def test_regex_timeout_restores_an_earlier_timer():
             select.bounded_search(select.compile_regex('cmdline', '.*.*.*x'), 'a' * 20000, 'cmdline', timeout=0.2)
         assert err.value.field == 'cmdline' and '.*.*.*x' in str(err.value)
         assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 50.0
-        # redaction (select.bounded_sub) shares the bound and the timer handling
+        # redaction (textmatch.bounded_sub) shares the bound and the timer handling
         patterns = [select.compile_regex('redact', p) for p in policy.DEFAULT_REDACT_PATTERNS]
         assert notify.redact(['x', '--token=abc'], patterns) == 'x --token=<redacted>'
         with pytest.raises(InvalidArgument) as err:
@@ -153,7 +153,7 @@ def test_regex_timeout_restores_an_earlier_timer():
                                timeout=0.2)
         assert err.value.field == 'notify.redact_patterns'
         assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 50.0
-        assert signal.getsignal(signal.SIGALRM) is not select._on_alarm  # pylint: disable=protected-access
+        assert signal.getsignal(signal.SIGALRM) is not textmatch._on_alarm  # pylint: disable=protected-access
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -353,8 +353,8 @@ def test_redact_hostile_command_lines(argv):
 
 REDACT_RUNNER = r'''
 import json, sys
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import notify, policy, select
-select.MATCH_TIMEOUT_S = 0.25
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import notify, policy, select, textmatch
+textmatch.MATCH_TIMEOUT_S = 0.25
 out = {}
 secret = 'hunter2'
 argv = ['python', 'train.py', '--password=' + secret, 'a' * (select.MAX_MATCH_TEXT - 100) + '!' + 'a' * 1000000]
