@@ -39,7 +39,7 @@ import subprocess
 import time
 
 from . import audit_log, kmod, watchdog
-from .backends import vendor_backend
+from .backends import REGISTRY, vendor_backend
 from .backends.base import (FAIL, NOT_APPLICABLE, NOT_EXPOSED, PASS, REBOOT_ACTIONS, WARN,  # noqa: F401 pylint: disable=unused-import
                             error_text, last_line as _last_line, recovery_action)
 from .errors import InvalidArgument
@@ -50,7 +50,8 @@ from .reset_plan import (BLOCKING_CLIENTS, CHECK_NAMES, COMM_LEN, RELEASE_TIMEOU
                          choose, evaluate, find_again, healthy, needs_reset, users_of, verify)
 from .snapshot import take_snapshot
 
-TOOLS = ('nvidia-smi', 'amd-smi', 'xpu-smi', 'systemctl', 'scontrol')
+# The commands a reset may run: each vendor's reset tools, then the vendor-neutral ones.
+TOOLS = tuple(tool for cls in REGISTRY.values() for tool in cls.reset_tools) + ('systemctl', 'scontrol')
 AUTO = 'auto'
 UNIT_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9:_.@\\-]*$')
 

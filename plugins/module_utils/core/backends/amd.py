@@ -173,6 +173,7 @@ class AmdBackend(DrmDevices, Backend):
 
     name = 'amd'
     label = 'AMD'
+    reset_tools = ('amd-smi',)
 
     def __init__(self, amdsmi=None, root=None, sys_root=None, proc_root=None, clock=time.monotonic, sleep=time.sleep,
                  interval=None, cache=None):

@@ -153,6 +153,8 @@ class Backend(object):
     reset_check_names = ()
     # Whether the kernel log's Xid lines (core/xid.py) describe this vendor's GPUs.
     xid_log = False
+    # The commands the reset hooks run, looked up on the host before a reset (host.tool(name)).
+    reset_tools = ()
 
     def __init__(self):
         self.status = BackendStatus(name=self.name)

@@ -83,6 +83,7 @@ class IntelBackend(DrmDevices, Backend):
 
     name = 'intel'
     label = 'Intel'
+    reset_tools = ('xpu-smi',)
 
     def __init__(self, root=None, sys_root=None, proc_root=None, runner=None, which=None, clock=time.monotonic,
                  sleep=time.sleep, interval=None, cache=None):

@@ -100,6 +100,7 @@ class NvidiaBackend(Backend):
     reset_check_names = ('mig', 'nvlink', 'fabric_manager', 'persistence_mode', 'nvml_session', 'recovery_action',
                          'kernel_modules')
     xid_log = True
+    reset_tools = ('nvidia-smi',)
 
     def __init__(self, nvml=None, import_error=None):
         super(NvidiaBackend, self).__init__()

@@ -56,6 +56,7 @@ def test_device_file_naming_per_vendor():
     assert amd.shared_device_file('/dev/kfd') and intel.shared_device_file('/dev/dri/renderD128')
     assert not amd.shared_device_file('/dev/nvidiactl') and not apple.shared_device_file('/dev/kfd')
     assert [v for v in backends.VENDORS if backends.vendor_backend(v).xid_log] == ['nvidia']
+    assert reset.TOOLS == ('nvidia-smi', 'amd-smi', 'xpu-smi', 'systemctl', 'scontrol')
 
 
 def test_an_unknown_vendor_is_named():
