@@ -313,6 +313,12 @@ def annotate(state, now=None):
         # What the shim reports as device utilization: the state's figure or its live processes' sum.
         if gpu.get('util_pct') is not None:
             gpu['effective_util_pct'] = max(gpu['util_pct'], min(100, busy.get(gpu.get('index'), 0)))
+        for inst in gpu.get('mig_instances') or []:
+            # per MIG instance: its memory (part of the board's used_mib, never counted twice) and live pids
+            inst['used_mib'] = mig_used_mib(out, gpu, inst, now)
+            inst['free_mib'] = max(0, (inst.get('memory_mib') or 0) - inst['used_mib'])
+            inst['processes'] = [e['pid'] for e in out.get('processes', []) if e.get('gpu') == gpu.get('index')
+                                 and e.get('mig_gi') == inst['gi'] and e.get('mig_ci') == inst['ci'] and e['alive']]
     return out
 
 
@@ -405,16 +411,162 @@ def new_state(gpus=4, vendor='nvidia', model=None, mem_mib=None, driver='r550', 
     return state
 
 
-def device_paths(state, gpu):
-    """The device files a workload on this GPU opens (contracts.md, "Simulated device files")."""
+def device_paths(state, gpu, instance=None):
+    """The device files a workload on this GPU opens (contracts.md, "Simulated device files").
+
+    ``instance`` (an entry of the GPU's ``mig_instances``): also the capability files of that MIG
+    instance, ``<dev_dir>/nvidia-caps/nvidia-cap<GI minor>`` and ``nvidia-cap<CI minor>``."""
     dev_dir = state.get('dev_dir') or '/dev'
     minor = gpu.get('minor', gpu.get('index', 0))
     if state.get('vendor') == 'amd':
         return [os.path.join(dev_dir, 'kfd'), os.path.join(dev_dir, 'dri', 'renderD%d' % (128 + minor))]
     if state.get('vendor') == 'intel':
         return [os.path.join(dev_dir, 'dri', 'renderD%d' % (128 + minor))]
-    return [os.path.join(dev_dir, 'nvidiactl'), os.path.join(dev_dir, 'nvidia-uvm'),
-            os.path.join(dev_dir, 'nvidia%d' % minor)]
+    paths = [os.path.join(dev_dir, 'nvidiactl'), os.path.join(dev_dir, 'nvidia-uvm'),
+             os.path.join(dev_dir, 'nvidia%d' % minor)]
+    if instance is not None:
+        gi_minor, ci_minor = mig_cap_minors(minor, instance['gi'], instance['ci'])
+        paths += [os.path.join(dev_dir, 'nvidia-caps', 'nvidia-cap%d' % gi_minor),
+                  os.path.join(dev_dir, 'nvidia-caps', 'nvidia-cap%d' % ci_minor)]
+    return paths
+
+
+# ---------------------------------------------------------------------------
+# MIG on an H200-class board (141 GB).  Names, compute slices, memory fractions, engines and the
+# most instances per profile: NVIDIA's MIG User Guide, "Supported MIG Profiles", table "GPU Instance
+# Profiles on H200".  Placements (start:size in memory eighths) follow the guide's placement diagram
+# for H100/H200 (as `nvidia-smi mig -lgipp` prints them on an A100/H100); profile ids (the `id` of
+# nvmlGpuInstanceProfileInfo_t, as `nvidia-smi mig -lgip` shows them) and SM counts are those of
+# `nvidia-smi mig -lgip` on Hopper.  The guide gives memory as fractions, not MiB: one eighth is
+# taken as 17920 MiB (17.5 GiB), so 7g.141gb is 143360 MiB (140.00 GiB, as `-lgip` prints it on an
+# H200) of the board's 143771 MiB.  Confirm on real hardware with tests/device/run's `mig` check.
+
+MIG_BOARD = {'name': 'NVIDIA H200', 'memory_total_mib': 143771, 'compute_capability': '9.0'}
+MIG_COMPUTE_SLICES = 7
+MIG_MEMORY_SLICES = 8
+MIG_MEMORY_SLICE_MIB = 17920
+# name: NVML_GPU_INSTANCE_PROFILE_* (enum), profile id, compute slices, memory eighths, most instances,
+#       SMs, copy engines, NVDEC, NVJPG, OFA, placement starts, NVML_COMPUTE_INSTANCE_PROFILE_* of the full-size CI
+_MIG_TABLE = (
+    ('1g.18gb', 0x0, 19, 1, 1, 7, 16, 1, 1, 1, 0, (0, 1, 2, 3, 4, 5, 6), 0x0),
+    ('1g.35gb', 0x9, 15, 1, 2, 4, 26, 1, 1, 1, 0, (0, 2, 4, 6), 0x0),
+    ('2g.35gb', 0x1, 14, 2, 2, 3, 32, 2, 2, 2, 0, (0, 2, 4), 0x1),
+    ('3g.71gb', 0x2, 9, 3, 4, 2, 60, 3, 3, 3, 0, (0, 4), 0x2),
+    ('4g.71gb', 0x3, 5, 4, 4, 1, 64, 4, 4, 4, 0, (0,), 0x3),
+    ('7g.141gb', 0x4, 0, 7, 8, 1, 132, 8, 7, 7, 1, (0,), 0x4),
+)
+MIG_PROFILES = dict((row[0], {
+    'name': row[0], 'enum': row[1], 'id': row[2], 'slices': row[3], 'memory_slices': row[4], 'instance_count': row[5],
+    'multiprocessors': row[6], 'copy_engines': row[7], 'decoders': row[8], 'encoders': 0, 'jpegs': row[9], 'ofas': row[10],
+    'placements': list(row[11]), 'ci_enum': row[12], 'memory_mib': row[4] * MIG_MEMORY_SLICE_MIB}) for row in _MIG_TABLE)
+
+
+def mig_cap_minors(gpu_minor, gi, ci):
+    """Minors of /dev/nvidia-caps/nvidia-cap<N> guarding a GPU instance and its compute instance, as the
+    driver numbers them in /proc/driver/nvidia-caps/mig-minors (1 config, 2 monitor, then per GPU 15 GIs
+    of 1 + 8 minors: gpu0/gi0/access 3, gpu0/gi0/ci0/access 4, ..., gpu3/gi3/ci3/access 439)."""
+    gi_minor = 3 + int(gpu_minor) * 135 + int(gi) * 9
+    return gi_minor, gi_minor + 1 + int(ci)
+
+
+def mig_uuid(gpu_uuid, gi, ci):
+    """A stable MIG device UUID (``MIG-`` + a version-5-looking UUID) from the parent's UUID and GI/CI."""
+    digest = hashlib.sha256(('mig|%s|%d|%d' % (gpu_uuid, gi, ci)).encode('utf-8')).hexdigest()
+    return 'MIG-%s-%s-5%s-%s%s-%s' % (digest[0:8], digest[8:12], digest[13:16], '89ab'[int(digest[16], 16) % 4], digest[17:20],
+                                      digest[20:32])
+
+
+def parse_mig_spec(text):
+    """``GPU:PROFILE,PROFILE...`` of ``gpusim init --mig`` -> (gpu index, [profile names]); StateError naming the value."""
+    index, sep, profiles = str(text).partition(':')
+    if not sep or not index.strip().isdigit():
+        raise StateError('--mig expects GPU:PROFILE[,PROFILE...] (e.g. 0:3g.71gb,2g.35gb,1g.18gb), got %r' % (text,))
+    names = [name.strip() for name in profiles.split(',') if name.strip()]
+    if not names:
+        raise StateError('--mig %r names no profile (H200 profiles: %s)' % (text, ', '.join(MIG_PROFILES)))
+    for name in names:
+        if name not in MIG_PROFILES:
+            raise StateError('--mig %r: unknown MIG profile %r (H200 profiles: %s)' % (text, name, ', '.join(MIG_PROFILES)))
+    return int(index), names
+
+
+def _mig_place(names, taken=()):
+    """Memory-slice placements for the profiles in order (first fit, backtracking), or None when none fits."""
+    if not names:
+        return []
+    profile = MIG_PROFILES[names[0]]
+    for start in profile['placements']:
+        span = set(range(start, start + profile['memory_slices']))
+        if span & set(taken):
+            continue
+        rest = _mig_place(names[1:], set(taken) | span)
+        if rest is not None:
+            return [start] + rest
+    return None
+
+
+def mig_layout(gpu, names):
+    """The ``mig_instances`` of a GPU holding the named profiles (GI ids 1.. in the given order, one
+    full-size compute instance 0 each); StateError naming the offending value when the board cannot."""
+    what = '%d:%s' % (gpu['index'], ','.join(names))
+    for name in set(names):
+        most = MIG_PROFILES[name]['instance_count']
+        if names.count(name) > most:
+            raise StateError('--mig %s: at most %d instance(s) of %s fit on an H200, got %d' % (what, most, name, names.count(name)))
+    slices = sum(MIG_PROFILES[name]['slices'] for name in names)
+    if slices > MIG_COMPUTE_SLICES:
+        raise StateError('--mig %s: the profiles need %d compute slices, an H200 has %d' % (what, slices, MIG_COMPUTE_SLICES))
+    starts = _mig_place(names)
+    if starts is None:
+        raise StateError('--mig %s: no placement fits these profiles in the 8 memory slices of an H200 '
+                         '(placements: %s)' % (what, '; '.join('%s at %s' % (n, MIG_PROFILES[n]['placements']) for n in names)))
+    out = []
+    for gi, (name, start) in enumerate(zip(names, starts), 1):
+        out.append({'gi': gi, 'ci': 0, 'profile': name, 'placement': start, 'memory_mib': MIG_PROFILES[name]['memory_mib'],
+                    'uuid': mig_uuid(gpu['uuid'], gi, 0)})
+    return out
+
+
+def mig_profile_table():
+    """The per-GPU ``mig_profiles`` the shim answers nvmlDeviceGetGpuInstanceProfileInfo* from."""
+    return [dict(MIG_PROFILES[row[0]]) for row in _MIG_TABLE]
+
+
+def apply_mig(state, specs):
+    """Put the GPUs named by ``--mig`` specs into MIG mode with their instances (StateError on a bad spec)."""
+    seen = set()
+    for text in specs:
+        index, names = parse_mig_spec(text)
+        gpu = gpu_by_index(state, index)
+        if gpu is None:
+            raise StateError('--mig %r: unknown GPU index %d (this node has GPUs 0-%d)' % (text, index, len(state['gpus']) - 1))
+        if index in seen:
+            raise StateError('--mig %r: GPU %d is given twice' % (text, index))
+        seen.add(index)
+        gpu['mig'] = True
+        gpu['mig_profiles'] = mig_profile_table()
+        gpu['mig_instances'] = mig_layout(gpu, names)
+
+
+def mig_instance(gpu, gi, ci=0):
+    """The GPU's MIG instance with these ids, or None."""
+    for inst in gpu.get('mig_instances') or []:
+        if inst.get('gi') == gi and inst.get('ci') == ci:
+            return inst
+    return None
+
+
+def mig_used_mib(state, gpu, inst, now=None):
+    """Memory used on one MIG instance: its counted entries (plus the driver's context overhead each)."""
+    if now is None:
+        now = time.time()
+    delay = state.get('release_delay_ms') or 0
+    used = 0
+    for entry in state.get('processes', []):
+        if (entry.get('gpu') == gpu.get('index') and entry.get('mig_gi') == inst['gi'] and entry.get('mig_ci') == inst['ci']
+                and entry_counted(entry, delay, now)):
+            used += (entry.get('used_mib') or 0) + (gpu.get('context_overhead_mib') or 0)
+    return used
 
 
 # ---------------------------------------------------------------------------
@@ -492,6 +644,8 @@ def apply_reset(state, gpu):
     gpu.pop('recovery_action', None)
     gpu.pop('hang_until', None)
     gpu['xid_events'] = []
+    if 'mig_instances' in gpu:
+        gpu['mig_instances'] = []  # MIG mode survives a reset, its GPU and compute instances do not
     state['processes'] = [e for e in state.get('processes', []) if e.get('gpu') != gpu.get('index')]
 
 

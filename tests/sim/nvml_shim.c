@@ -28,6 +28,11 @@
  *    absent on purpose: nvitop picks a 32-byte process struct when only the first one exists.
  *  - Functions not implemented here are absent (pynvml reports FunctionNotFound) or stubs that
  *    answer NVML_ERROR_NOT_SUPPORTED.
+ *  - MIG (a GPU with "mig": true and a "mig_instances" list, from gpusim init --mig): MIG device handles
+ *    (nvmlDeviceGetMigDeviceHandleByIndex, by "MIG-..." UUID) answer name, UUID, memory, process lists and
+ *    GI/CI ids of their instance and NOT_SUPPORTED to other device queries; the board handle gives aggregate
+ *    memory and processes (with GI/CI ids) to root only (NO_PERMISSION otherwise, as nvml.h documents) and no
+ *    utilization; GPU-instance profiles, placements, capacity and GPU/compute instances are read-only.
  *  - Fault injection: $GPUSIM_NVML_SEGFAULT="FUNCTION[:N][@main|@child]" makes the Nth call (default 1)
  *    of the NVML function FUNCTION in this process die of SIGSEGV, as a crashing vendor library does
  *    ("*" counts every call).  Calls are counted per process; nothing else changes.  "@main" / "@child":
@@ -110,6 +115,34 @@ typedef struct {
     unsigned int gpuInstanceId, computeInstanceId;
 } nvmlEventData_t;
 typedef struct nvmlEventSet_st *nvmlEventSet_t;
+typedef struct nvmlGpuInstance_st { unsigned slot, mig; } *nvmlGpuInstance_t;
+typedef struct nvmlComputeInstance_st { unsigned slot, mig; } *nvmlComputeInstance_t;
+typedef struct { unsigned int start, size; } nvmlGpuInstancePlacement_t;
+typedef struct {
+    unsigned int id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount;
+    unsigned int decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+typedef struct {
+    unsigned int version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount;
+    unsigned int decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} nvmlGpuInstanceProfileInfo_v2_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id, profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id, profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
+#define NVML_GPU_INSTANCE_PROFILE_INFO_V2_VERSION 0x02000098u
+#define NVML_GPU_INSTANCE_PROFILE_COUNT 0x12u
 
 #define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
 #define NVML_VALUE_TYPE_UNSIGNED_INT 1
@@ -128,6 +161,10 @@ LAYOUT_CHECK(proc_v2, sizeof(nvmlProcessInfo_v2_t) == 24);
 LAYOUT_CHECK(proc_util, sizeof(nvmlProcessUtilizationSample_t) == 32);
 LAYOUT_CHECK(field_value, sizeof(nvmlFieldValue_t) == 40);
 LAYOUT_CHECK(event_data, sizeof(nvmlEventData_t) == 32);
+LAYOUT_CHECK(gi_profile_v1, sizeof(nvmlGpuInstanceProfileInfo_t) == 48);
+LAYOUT_CHECK(gi_profile_v2, sizeof(nvmlGpuInstanceProfileInfo_v2_t) == 152);
+LAYOUT_CHECK(gi_info, sizeof(nvmlGpuInstanceInfo_t) == 24);
+LAYOUT_CHECK(ci_info, sizeof(nvmlComputeInstanceInfo_t) == 32);
 
 /* ------------------------------------------------------------------ JSON (small DOM) */
 
@@ -409,7 +446,27 @@ static void jstr(const jnode *obj, const char *key, char *buf, size_t size, cons
 #define SIM_MAX_GPUS 64
 #define SIM_MAX_EVENTS 64
 #define SIM_MAX_STATE_BYTES (64u << 20)
+#define SIM_MAX_MIG 8                 /* MIG devices per GPU (7 on every MIG board) */
+#define SIM_MAX_PROFILES 12
+#define SIM_MAX_PLACEMENTS 8
+#define SIM_MIG_COMPUTE_SLICES 7
 enum { PT_COMPUTE, PT_GRAPHICS, PT_MPS };
+
+/* A GPU instance profile of the board (the state's "mig_profiles", written by gpusim from its table). */
+typedef struct {
+    char name[32];
+    unsigned enum_id, id, slices, memory_slices, instance_count, sm, ce, dec, enc, jpeg, ofa, ci_enum;
+    double memory_mib;
+    unsigned nplacements, placements[SIM_MAX_PLACEMENTS];
+} sim_profile;
+
+/* One MIG device: a GPU instance and its compute instance (the state's "mig_instances"). */
+typedef struct {
+    unsigned gi, ci, placement;
+    int profile;                  /* index into the GPU's profiles; -1: not in the table */
+    double memory_mib;
+    char uuid[96], profile_name[32];
+} sim_mig;
 
 typedef struct {
     int index;
@@ -430,6 +487,11 @@ typedef struct {
     unsigned nevents;
     double event_seq[SIM_MAX_EVENTS];
     unsigned event_code[SIM_MAX_EVENTS];
+    /* MIG: the layout is active while "mig" is true and "mig_instances" exists (gpusim init --mig) */
+    int mig_layout;
+    unsigned nprofiles, nmig;
+    sim_profile profiles[SIM_MAX_PROFILES];
+    sim_mig migs[SIM_MAX_MIG];
 } sim_gpu;
 
 typedef struct {
@@ -443,6 +505,8 @@ typedef struct {
     unsigned supervisor_pid;      /* 0: none */
     double supervisor_starttime;  /* NAN: not recorded */
     double exited_at;             /* NAN: not written yet */
+    int on_mig;                   /* runs on the MIG instance mig_gi/mig_ci of its GPU */
+    unsigned mig_gi, mig_ci;
 } sim_proc;
 
 typedef struct {
@@ -462,6 +526,9 @@ static int g_have_key;
 static struct stat g_key;
 static unsigned g_refcount;
 static struct nvmlDevice_st g_handles[SIM_MAX_GPUS];
+static struct nvmlDevice_st g_mig_handles[SIM_MAX_GPUS][SIM_MAX_MIG];
+static struct nvmlGpuInstance_st g_gi_handles[SIM_MAX_GPUS][SIM_MAX_MIG];
+static struct nvmlComputeInstance_st g_ci_handles[SIM_MAX_GPUS][SIM_MAX_MIG];
 
 static unsigned to_uint(double v)
 {
@@ -518,6 +585,57 @@ static void load_events(const jnode *arr, sim_gpu *g)
     }
 }
 
+/* The GPU's MIG profiles and instances ("mig_profiles", "mig_instances"); absent keys: no MIG layout. */
+static void load_mig(const jnode *o, sim_gpu *g)
+{
+    const jnode *profiles = jget(o, "mig_profiles"), *insts = jget(o, "mig_instances"), *c, *pl;
+    unsigned i;
+    g->nprofiles = g->nmig = 0;
+    g->mig_layout = insts && insts->type == JT_ARR;
+    if (profiles && profiles->type == JT_ARR)
+        for (c = profiles->child; c && g->nprofiles < SIM_MAX_PROFILES; c = c->next) {
+            sim_profile *p = &g->profiles[g->nprofiles];
+            if (c->type != JT_OBJ) continue;
+            memset(p, 0, sizeof(*p));
+            jstr(c, "name", p->name, sizeof(p->name), "");
+            p->enum_id = to_uint(jnum(c, "enum", 0));
+            p->id = to_uint(jnum(c, "id", 0));
+            p->slices = to_uint(jnum(c, "slices", 1));
+            p->memory_slices = to_uint(jnum(c, "memory_slices", 1));
+            p->instance_count = to_uint(jnum(c, "instance_count", 1));
+            p->sm = to_uint(jnum(c, "multiprocessors", 0));
+            p->ce = to_uint(jnum(c, "copy_engines", 0));
+            p->dec = to_uint(jnum(c, "decoders", 0));
+            p->enc = to_uint(jnum(c, "encoders", 0));
+            p->jpeg = to_uint(jnum(c, "jpegs", 0));
+            p->ofa = to_uint(jnum(c, "ofas", 0));
+            p->ci_enum = to_uint(jnum(c, "ci_enum", 0));
+            p->memory_mib = jnum(c, "memory_mib", 0);
+            pl = jget(c, "placements");
+            if (pl && pl->type == JT_ARR)
+                for (pl = pl->child; pl && p->nplacements < SIM_MAX_PLACEMENTS; pl = pl->next)
+                    if (pl->type == JT_NUM) p->placements[p->nplacements++] = to_uint(pl->num);
+            g->nprofiles++;
+        }
+    if (!g->mig_layout)
+        return;
+    for (c = insts->child; c && g->nmig < SIM_MAX_MIG; c = c->next) {
+        sim_mig *m = &g->migs[g->nmig];
+        if (c->type != JT_OBJ) continue;
+        memset(m, 0, sizeof(*m));
+        m->gi = to_uint(jnum(c, "gi", 0));
+        m->ci = to_uint(jnum(c, "ci", 0));
+        m->placement = to_uint(jnum(c, "placement", 0));
+        m->memory_mib = jnum(c, "memory_mib", 0);
+        jstr(c, "uuid", m->uuid, sizeof(m->uuid), "");
+        jstr(c, "profile", m->profile_name, sizeof(m->profile_name), "");
+        m->profile = -1;
+        for (i = 0; i < g->nprofiles; i++)
+            if (strcmp(g->profiles[i].name, m->profile_name) == 0) m->profile = (int)i;
+        g->nmig++;
+    }
+}
+
 static void load_gpu(const jnode *o, unsigned pos, sim_gpu *g)
 {
     char dflt[64];
@@ -564,6 +682,7 @@ static void load_gpu(const jnode *o, unsigned pos, sim_gpu *g)
     if (isnan(g->hang_until)) g->hang_until = 0;
     g->clocks_event_reasons = jnum(o, "clocks_event_reasons", 0);
     load_events(jget(o, "xid_events"), g);
+    load_mig(o, g);
 }
 
 /* Returns 0 when the entry is usable. */
@@ -585,6 +704,9 @@ static int load_proc(const jnode *o, sim_proc *p)
     p->supervisor_pid = to_uint(jnum(o, "supervisor_pid", 0));
     p->supervisor_starttime = jnum(o, "supervisor_starttime", NAN);
     p->exited_at = jnum(o, "exited_at", NAN);
+    p->on_mig = jget(o, "mig_gi") != NULL && !isnan(jnum(o, "mig_gi", NAN));
+    p->mig_gi = to_uint(jnum(o, "mig_gi", 0));
+    p->mig_ci = to_uint(jnum(o, "mig_ci", 0));
     if (kids && kids->type == JT_ARR) {
         size_t n = 0;
         for (c = kids->child; c; c = c->next) n++;
@@ -793,6 +915,32 @@ static double gpu_used_mib(const sim_gpu *g)
     return used > g->total_mib ? g->total_mib : used;
 }
 
+static int mig_active(const sim_gpu *g)
+{
+    return g->mig && g->mig_layout;
+}
+
+static int proc_on(const sim_proc *p, const sim_gpu *g, const sim_mig *m)
+{
+    return p->gpu == g->index && (!m || (p->on_mig && p->mig_gi == m->gi && p->mig_ci == m->ci));
+}
+
+/* Memory used on one MIG device: its counted entries (and the context overhead of each), capped at its size.
+ * The board's figure (gpu_used_mib) already holds these entries: nothing is counted twice. */
+static double mig_used_mib(const sim_gpu *g, const sim_mig *m)
+{
+    double used = 0, now = now_s();
+    size_t i;
+    for (i = 0; i < g_state.nprocs; i++) {
+        const sim_proc *p = &g_state.procs[i];
+        if (proc_on(p, g, m) && proc_counts(p, now)) {
+            if (p->used_mib > 0) used += p->used_mib;
+            if (g->context_overhead_mib > 0) used += g->context_overhead_mib;
+        }
+    }
+    return used > m->memory_mib ? m->memory_mib : used;
+}
+
 /* Device utilization: the state's figure, or the sum of the listed processes' utilization when
  * that is higher (capped at 100), so `gpusim spawn --util 97` makes its GPU busy as a real one is. */
 static double gpu_util_pct(const sim_gpu *g)
@@ -876,18 +1024,37 @@ static nvmlReturn_t api_end(nvmlReturn_t rc)
     return rc;
 }
 
-static nvmlReturn_t dev_lookup(nvmlDevice_t dev, const sim_gpu **out, int allow_lost)
+/* A board handle (*mig = NULL) or a MIG device handle (*out = its parent, *mig = the MIG device).  A MIG
+ * handle whose GPU has left MIG mode or lost that device is stale: INVALID_ARGUMENT. */
+static nvmlReturn_t any_lookup(nvmlDevice_t dev, const sim_gpu **out, const sim_mig **mig, int allow_lost)
 {
-    uintptr_t base = (uintptr_t)g_handles, p = (uintptr_t)dev;
-    unsigned slot;
-    if (!dev || p < base || p >= base + sizeof(g_handles) || (p - base) % sizeof(g_handles[0]) != 0)
+    uintptr_t base = (uintptr_t)g_handles, mbase = (uintptr_t)g_mig_handles, p = (uintptr_t)dev;
+    unsigned slot, idx = 0;
+    int is_mig = 0;
+    *mig = NULL;
+    if (!dev)
         return NVML_ERROR_INVALID_ARGUMENT;
-    slot = (unsigned)((p - base) / sizeof(g_handles[0]));
+    if (p >= base && p < base + sizeof(g_handles) && (p - base) % sizeof(g_handles[0]) == 0) {
+        slot = (unsigned)((p - base) / sizeof(g_handles[0]));
+    } else if (p >= mbase && p < mbase + sizeof(g_mig_handles) && (p - mbase) % sizeof(g_mig_handles[0][0]) == 0) {
+        unsigned n = (unsigned)((p - mbase) / sizeof(g_mig_handles[0][0]));
+        slot = n / SIM_MAX_MIG;
+        idx = n % SIM_MAX_MIG;
+        is_mig = 1;
+    } else {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
     if (slot >= g_state.ngpus)
         return NVML_ERROR_INVALID_ARGUMENT;
     *out = &g_state.gpus[slot];
+    if (is_mig) {
+        if (!mig_active(*out) || idx >= (*out)->nmig)
+            return NVML_ERROR_INVALID_ARGUMENT;
+        *mig = &(*out)->migs[idx];
+    }
     return (*out)->lost && !allow_lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
 }
+
 
 /* A hung driver (`gpusim hang`): a call on a GPU whose "hang_until" lies ahead sleeps until then, with
  * the lock released (other GPUs and other threads go on), then looks the GPU up again. */
@@ -903,9 +1070,9 @@ static void sleep_until(double until)
     }
 }
 
-static nvmlReturn_t dev_lookup_wait(nvmlDevice_t dev, const sim_gpu **out, int allow_lost)
+static nvmlReturn_t any_lookup_wait(nvmlDevice_t dev, const sim_gpu **out, const sim_mig **mig, int allow_lost)
 {
-    nvmlReturn_t rc = dev_lookup(dev, out, allow_lost);
+    nvmlReturn_t rc = any_lookup(dev, out, mig, allow_lost);
     double until;
     if ((rc != NVML_SUCCESS && rc != NVML_ERROR_GPU_IS_LOST) || !(*out)->hang_until)
         return rc;
@@ -917,7 +1084,15 @@ static nvmlReturn_t dev_lookup_wait(nvmlDevice_t dev, const sim_gpu **out, int a
     pthread_mutex_lock(&g_lock);
     if (!refresh())
         return NVML_ERROR_UNKNOWN;
-    return dev_lookup(dev, out, allow_lost);
+    return any_lookup(dev, out, mig, allow_lost);
+}
+
+/* A board handle only: device-level queries on a MIG device handle answer NOT_SUPPORTED. */
+static nvmlReturn_t dev_lookup_wait(nvmlDevice_t dev, const sim_gpu **out, int allow_lost)
+{
+    const sim_mig *m = NULL;
+    nvmlReturn_t rc = any_lookup_wait(dev, out, &m, allow_lost);
+    return rc == NVML_SUCCESS && m ? NVML_ERROR_NOT_SUPPORTED : rc;
 }
 
 /* Body of a per-device call: `g` is the GPU, `rc` the result (starts as NVML_SUCCESS).
@@ -933,6 +1108,25 @@ static nvmlReturn_t dev_lookup_wait(nvmlDevice_t dev, const sim_gpu **out, int a
     return api_end(rc)
 
 #define DEVICE_CALL(dev, allow_lost, ...) DEVICE_CALL_IF(1, dev, allow_lost, __VA_ARGS__)
+
+/* The same for calls that also take a MIG device handle: `m` is the MIG device (NULL for a board). */
+#define ANY_DEVICE_CALL_IF(present, dev, allow_lost, ...)  \
+    const sim_gpu *g = NULL;                                \
+    const sim_mig *m = NULL;                                \
+    nvmlReturn_t rc = api_begin();                          \
+    if (rc == NVML_SUCCESS && !(present))                   \
+        rc = NVML_ERROR_FUNCTION_NOT_FOUND;                 \
+    if (rc == NVML_SUCCESS)                                 \
+        rc = any_lookup_wait((dev), &g, &m, (allow_lost));  \
+    if (rc == NVML_SUCCESS) { __VA_ARGS__ }                 \
+    return api_end(rc)
+
+#define ANY_DEVICE_CALL(dev, allow_lost, ...) ANY_DEVICE_CALL_IF(1, dev, allow_lost, __VA_ARGS__)
+
+/* In MIG mode the board handle gives aggregate memory and process figures only to a privileged caller
+ * (nvml.h: "In MIG mode, if device handle is provided, the API returns aggregate information, only if the
+ * caller has appropriate privileges"); per-instance figures come from the MIG device handles. */
+#define MIG_AGGREGATE_ALLOWED(g, m) ((m) || !mig_active(g) || geteuid() == 0)
 
 #define REQUIRE(ptr) if (!(ptr)) { rc = NVML_ERROR_INVALID_ARGUMENT; } else
 
@@ -1097,11 +1291,19 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
     nvmlReturn_t rc = api_begin();
     if (rc == NVML_SUCCESS) {
         rc = uuid && device ? NVML_ERROR_NOT_FOUND : NVML_ERROR_INVALID_ARGUMENT;
-        for (i = 0; rc == NVML_ERROR_NOT_FOUND && i < g_state.ngpus; i++)
-            if (strcmp(g_state.gpus[i].uuid, uuid) == 0) {
+        for (i = 0; rc == NVML_ERROR_NOT_FOUND && i < g_state.ngpus; i++) {
+            const sim_gpu *g = &g_state.gpus[i];
+            unsigned k;
+            if (strcmp(g->uuid, uuid) == 0) {
                 *device = handle_for(i);
                 rc = NVML_SUCCESS;
             }
+            for (k = 0; rc == NVML_ERROR_NOT_FOUND && mig_active(g) && k < g->nmig; k++)
+                if (strcmp(g->migs[k].uuid, uuid) == 0) {   /* a MIG device's "MIG-..." UUID */
+                    *device = &g_mig_handles[i][k];
+                    rc = NVML_SUCCESS;
+                }
+        }
     }
     return api_end(rc);
 }
@@ -1134,19 +1336,27 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index)
 
 nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned int *isMigDevice)
 {
-    DEVICE_CALL(dev, 1, REQUIRE(isMigDevice) *isMigDevice = 0;);
+    ANY_DEVICE_CALL(dev, 1, REQUIRE(isMigDevice) *isMigDevice = m != NULL;);
 }
 
 /* ------------------------------------------------------------------ identity */
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length)
 {
-    DEVICE_CALL(dev, 0, rc = copy_str(name, length, g->name););
+    ANY_DEVICE_CALL(dev, 0, {
+        char mig_name[160];
+        if (m) {   /* a MIG device is named after its board and profile: "NVIDIA H200 MIG 3g.71gb" */
+            snprintf(mig_name, sizeof(mig_name), "%s MIG %s", g->name, m->profile_name);
+            rc = copy_str(name, length, mig_name);
+        } else {
+            rc = copy_str(name, length, g->name);
+        }
+    });
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length)
 {
-    DEVICE_CALL(dev, 0, rc = copy_str(uuid, length, g->uuid););
+    ANY_DEVICE_CALL(dev, 0, rc = copy_str(uuid, length, m ? m->uuid : g->uuid););
 }
 
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t dev, unsigned int *minorNumber)
@@ -1177,32 +1387,39 @@ nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t dev, nvmlPciInfo_t *pci) { return
 
 nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t dev, int *major, int *minor)
 {
-    DEVICE_CALL(dev, 0, if (!major || !minor) rc = NVML_ERROR_INVALID_ARGUMENT; else { *major = g->cc_major; *minor = g->cc_minor; });
+    ANY_DEVICE_CALL(dev, 0, if (!major || !minor) rc = NVML_ERROR_INVALID_ARGUMENT; else { *major = g->cc_major; *minor = g->cc_minor; });
 }
 
 /* ------------------------------------------------------------------ memory */
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *memory)
 {
-    DEVICE_CALL(dev, 0, REQUIRE(memory) {
-        double used = gpu_used_mib(g);
-        memory->total = mib_to_bytes(g->total_mib);
-        memory->used = mib_to_bytes(used);
-        memory->free = memory->total - memory->used;
+    ANY_DEVICE_CALL(dev, 0, REQUIRE(memory) {
+        if (!MIG_AGGREGATE_ALLOWED(g, m)) {
+            rc = NVML_ERROR_NO_PERMISSION;
+        } else {
+            double used = m ? mig_used_mib(g, m) : gpu_used_mib(g);
+            memory->total = mib_to_bytes(m ? m->memory_mib : g->total_mib);
+            memory->used = mib_to_bytes(used);
+            memory->free = memory->total - memory->used;
+        }
     });
 }
 
 #ifndef SIM_R470
 static nvmlReturn_t memory_info_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memory)
 {
-    DEVICE_CALL_IF(!g_state.r470, dev, 0,
+    ANY_DEVICE_CALL_IF(!g_state.r470, dev, 0,
         if (!memory)
             rc = NVML_ERROR_INVALID_ARGUMENT;
         else if (memory->version != NVML_MEMORY_V2_VERSION)
             rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        else if (!MIG_AGGREGATE_ALLOWED(g, m))
+            rc = NVML_ERROR_NO_PERMISSION;
         else {
-            unsigned long long used = mib_to_bytes(gpu_used_mib(g)), reserved = mib_to_bytes(g->reserved_mib);
-            memory->total = mib_to_bytes(g->total_mib);
+            unsigned long long used = mib_to_bytes(m ? mig_used_mib(g, m) : gpu_used_mib(g));
+            unsigned long long reserved = m ? 0 : mib_to_bytes(g->reserved_mib);
+            memory->total = mib_to_bytes(m ? m->memory_mib : g->total_mib);
             memory->reserved = reserved < used ? reserved : used;
             memory->used = used - memory->reserved;
             memory->free = memory->total - used;
@@ -1218,7 +1435,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *memor
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *utilization)
 {
-    DEVICE_CALL(dev, 0, REQUIRE(utilization) NA_OR(g->util_pct,
+    /* In MIG mode the driver reports no device utilization (nvidia-smi shows N/A); MIG handles neither. */
+    DEVICE_CALL(dev, 0, REQUIRE(utilization) NA_OR(mig_active(g) ? NAN : g->util_pct,
         utilization->gpu = to_uint(gpu_util_pct(g));
         utilization->memory = to_uint(g->mem_util_pct);));
 }
@@ -1355,12 +1573,328 @@ NOT_SUPPORTED_STUB(nvmlDeviceGetMaxClockInfo, (nvmlDevice_t dev, int type, unsig
 NOT_SUPPORTED_STUB(nvmlDeviceGetBAR1MemoryInfo, (nvmlDevice_t dev, void *bar1Memory), (void)bar1Memory)
 NOT_SUPPORTED_STUB(nvmlDeviceGetPcieThroughput, (nvmlDevice_t dev, int counter, unsigned int *value), (void)counter, (void)value)
 NOT_SUPPORTED_STUB(nvmlDeviceGetSerial, (nvmlDevice_t dev, char *serial, unsigned int length), (void)serial, (void)length)
-NOT_SUPPORTED_STUB(nvmlDeviceGetMaxMigDeviceCount, (nvmlDevice_t dev, unsigned int *count), (void)count)
-NOT_SUPPORTED_STUB(nvmlDeviceGetMigDeviceHandleByIndex, (nvmlDevice_t dev, unsigned int index, nvmlDevice_t *mig),
-                   (void)index, (void)mig)
-NOT_SUPPORTED_STUB(nvmlDeviceGetGpuInstanceId, (nvmlDevice_t dev, unsigned int *id), (void)id)
-NOT_SUPPORTED_STUB(nvmlDeviceGetComputeInstanceId, (nvmlDevice_t dev, unsigned int *id), (void)id)
-NOT_SUPPORTED_STUB(nvmlDeviceGetDeviceHandleFromMigDeviceHandle, (nvmlDevice_t dev, nvmlDevice_t *parent), (void)parent)
+/* ------------------------------------------------------------------ MIG devices */
+
+/* GPUs without a MIG layout (mig off, or an older state's bare "mig": true) answer NOT_SUPPORTED, as before. */
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned int *count)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(count) {
+        if (!mig_active(g)) rc = NVML_ERROR_NOT_SUPPORTED;
+        else *count = SIM_MIG_COMPUTE_SLICES;
+    });
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int index, nvmlDevice_t *migDevice)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(migDevice) {
+        if (!mig_active(g)) rc = NVML_ERROR_NOT_SUPPORTED;
+        else if (index >= g->nmig) rc = NVML_ERROR_NOT_FOUND;
+        else *migDevice = &g_mig_handles[g - g_state.gpus][index];
+    });
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device)
+{
+    ANY_DEVICE_CALL(migDevice, 0, REQUIRE(device) {
+        if (!m) rc = NVML_ERROR_NOT_SUPPORTED;
+        else *device = handle_for((unsigned)(g - g_state.gpus));
+    });
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned int *id)
+{
+    ANY_DEVICE_CALL(dev, 0, REQUIRE(id) { if (!m) rc = NVML_ERROR_NOT_SUPPORTED; else *id = m->gi; });
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t dev, unsigned int *id)
+{
+    ANY_DEVICE_CALL(dev, 0, REQUIRE(id) { if (!m) rc = NVML_ERROR_NOT_SUPPORTED; else *id = m->ci; });
+}
+
+/* ------------------------------------------------------------------ GPU and compute instances (read-only) */
+
+/* The profile with this NVML_GPU_INSTANCE_PROFILE_* (by_enum) or profile id, or NULL. */
+static const sim_profile *find_profile(const sim_gpu *g, unsigned value, int by_enum)
+{
+    unsigned i;
+    for (i = 0; i < g->nprofiles; i++)
+        if ((by_enum ? g->profiles[i].enum_id : g->profiles[i].id) == value)
+            return &g->profiles[i];
+    return NULL;
+}
+
+static const sim_profile *mig_profile(const sim_gpu *g, const sim_mig *m)
+{
+    return m->profile >= 0 ? &g->profiles[m->profile] : NULL;
+}
+
+static void fill_profile_info(const sim_profile *p, nvmlGpuInstanceProfileInfo_t *info)
+{
+    memset(info, 0, sizeof(*info));
+    info->id = p->id;
+    info->isP2pSupported = 0;
+    info->sliceCount = p->slices;
+    info->instanceCount = p->instance_count;
+    info->multiprocessorCount = p->sm;
+    info->copyEngineCount = p->ce;
+    info->decoderCount = p->dec;
+    info->encoderCount = p->enc;
+    info->jpegCount = p->jpeg;
+    info->ofaCount = p->ofa;
+    info->memorySizeMB = (unsigned long long)(p->memory_mib > 0 ? p->memory_mib : 0);
+}
+
+/* Profiles answer only on a GPU with a MIG layout; a profile the board lacks is NOT_SUPPORTED. */
+static nvmlReturn_t profile_lookup(const sim_gpu *g, unsigned int profile, const sim_profile **out)
+{
+    if (!mig_active(g))
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *out = find_profile(g, profile, 1);
+    return *out ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t dev, unsigned int profile, nvmlGpuInstanceProfileInfo_t *info)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(info) {
+        const sim_profile *p = NULL;
+        if ((rc = profile_lookup(g, profile, &p)) == NVML_SUCCESS)
+            fill_profile_info(p, info);
+    });
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t dev, unsigned int profile, nvmlGpuInstanceProfileInfo_v2_t *info)
+{
+    DEVICE_CALL(dev, 0, REQUIRE(info) {
+        const sim_profile *p = NULL;
+        nvmlGpuInstanceProfileInfo_t v1;
+        if (info->version != NVML_GPU_INSTANCE_PROFILE_INFO_V2_VERSION) {
+            rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        } else if ((rc = profile_lookup(g, profile, &p)) == NVML_SUCCESS) {
+            fill_profile_info(p, &v1);
+            info->id = v1.id;
+            info->isP2pSupported = v1.isP2pSupported;
+            info->sliceCount = v1.sliceCount;
+            info->instanceCount = v1.instanceCount;
+            info->multiprocessorCount = v1.multiprocessorCount;
+            info->copyEngineCount = v1.copyEngineCount;
+            info->decoderCount = v1.decoderCount;
+            info->encoderCount = v1.encoderCount;
+            info->jpegCount = v1.jpegCount;
+            info->ofaCount = v1.ofaCount;
+            info->memorySizeMB = v1.memorySizeMB;
+            memset(info->name, 0, sizeof(info->name));
+            snprintf(info->name, sizeof(info->name), "MIG %s", p->name);
+        }
+    });
+}
+
+/* Every placement of the profile (start:size in memory slices), taken or not, as the driver lists them. */
+nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t dev, unsigned int profileId,
+                                                           nvmlGpuInstancePlacement_t *placements, unsigned int *count)
+{
+    DEVICE_CALL(dev, 0, {
+        const sim_profile *p = mig_active(g) ? find_profile(g, profileId, 0) : NULL;
+        unsigned i;
+        if (!count) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (!mig_active(g)) {
+            rc = NVML_ERROR_NOT_SUPPORTED;
+        } else if (!p) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (!placements) {
+            *count = p->nplacements;
+        } else if (*count < p->nplacements) {
+            *count = p->nplacements;
+            rc = NVML_ERROR_INSUFFICIENT_SIZE;
+        } else {
+            for (i = 0; i < p->nplacements; i++) {
+                placements[i].start = p->placements[i];
+                placements[i].size = p->memory_slices;
+            }
+            *count = p->nplacements;
+        }
+    });
+}
+
+/* How many more instances of the profile fit: free placements taken greedily, within the compute slices left
+ * and the profile's most instances. */
+nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t dev, unsigned int profileId, unsigned int *count)
+{
+    DEVICE_CALL(dev, 0, {
+        const sim_profile *p = mig_active(g) ? find_profile(g, profileId, 0) : NULL;
+        unsigned used_mem = 0, slices = 0, existing = 0, n = 0, i, k;
+        if (!count) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (!mig_active(g)) {
+            rc = NVML_ERROR_NOT_SUPPORTED;
+        } else if (!p) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            for (k = 0; k < g->nmig; k++) {
+                const sim_profile *q = mig_profile(g, &g->migs[k]);
+                unsigned span = q ? q->memory_slices : 1;
+                if (g->migs[k].ci != 0) continue;   /* one per GPU instance */
+                slices += q ? q->slices : 1;
+                existing += q == p;
+                for (i = 0; i < span && g->migs[k].placement + i < 32; i++) used_mem |= 1u << (g->migs[k].placement + i);
+            }
+            for (i = 0; i < p->nplacements; i++) {
+                unsigned mask = ((1u << p->memory_slices) - 1u) << p->placements[i];
+                if ((used_mem & mask) || slices + p->slices > SIM_MIG_COMPUTE_SLICES || existing + n >= p->instance_count)
+                    continue;
+                used_mem |= mask;
+                slices += p->slices;
+                n++;
+            }
+            *count = n;
+        }
+    });
+}
+
+static nvmlGpuInstance_t gi_handle(const sim_gpu *g, unsigned k)
+{
+    nvmlGpuInstance_t h = &g_gi_handles[g - g_state.gpus][k];
+    h->slot = (unsigned)(g - g_state.gpus);
+    h->mig = k;
+    return h;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t dev, unsigned int profileId, nvmlGpuInstance_t *gpuInstances,
+                                       unsigned int *count)
+{
+    DEVICE_CALL(dev, 0, {
+        const sim_profile *p = mig_active(g) ? find_profile(g, profileId, 0) : NULL;
+        unsigned k, n = 0;
+        if (!count || !gpuInstances) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (!mig_active(g)) {
+            rc = NVML_ERROR_NOT_SUPPORTED;
+        } else if (!p) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            for (k = 0; k < g->nmig; k++)
+                if (g->migs[k].ci == 0 && mig_profile(g, &g->migs[k]) == p)
+                    gpuInstances[n++] = gi_handle(g, k);
+            *count = n;
+        }
+    });
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t dev, unsigned int id, nvmlGpuInstance_t *gpuInstance)
+{
+    DEVICE_CALL(dev, 0, {
+        unsigned k;
+        if (!gpuInstance) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (!mig_active(g)) {
+            rc = NVML_ERROR_NOT_SUPPORTED;
+        } else {
+            rc = NVML_ERROR_NOT_FOUND;
+            for (k = 0; rc == NVML_ERROR_NOT_FOUND && k < g->nmig; k++)
+                if (g->migs[k].gi == id) {
+                    *gpuInstance = gi_handle(g, k);
+                    rc = NVML_SUCCESS;
+                }
+        }
+    });
+}
+
+/* A GPU instance handle (or a compute instance's, same layout) -> its GPU and MIG device. */
+static nvmlReturn_t instance_lookup(unsigned slot, unsigned k, const sim_gpu **g, const sim_mig **m)
+{
+    if (slot >= g_state.ngpus)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *g = &g_state.gpus[slot];
+    if (!mig_active(*g) || k >= (*g)->nmig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *m = &(*g)->migs[k];
+    return (*g)->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
+}
+
+static int gi_handle_valid(nvmlGpuInstance_t h)
+{
+    uintptr_t base = (uintptr_t)g_gi_handles, p = (uintptr_t)h;
+    return h && p >= base && p < base + sizeof(g_gi_handles) && (p - base) % sizeof(g_gi_handles[0][0]) == 0;
+}
+
+static int ci_handle_valid(nvmlComputeInstance_t h)
+{
+    uintptr_t base = (uintptr_t)g_ci_handles, p = (uintptr_t)h;
+    return h && p >= base && p < base + sizeof(g_ci_handles) && (p - base) % sizeof(g_ci_handles[0][0]) == 0;
+}
+
+#define INSTANCE_CALL(valid, handle, ...)                                               \
+    const sim_gpu *g = NULL;                                                            \
+    const sim_mig *m = NULL;                                                            \
+    nvmlReturn_t rc = api_begin();                                                      \
+    if (rc == NVML_SUCCESS)                                                             \
+        rc = valid(handle) ? instance_lookup((handle)->slot, (handle)->mig, &g, &m)     \
+                           : NVML_ERROR_INVALID_ARGUMENT;                               \
+    if (rc == NVML_SUCCESS) { __VA_ARGS__ }                                             \
+    return api_end(rc)
+
+nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info)
+{
+    INSTANCE_CALL(gi_handle_valid, gpuInstance, REQUIRE(info) {
+        const sim_profile *p = mig_profile(g, m);
+        memset(info, 0, sizeof(*info));
+        info->device = handle_for((unsigned)(g - g_state.gpus));
+        info->id = m->gi;
+        info->profileId = p ? p->id : 0;
+        info->placement.start = m->placement;
+        info->placement.size = p ? p->memory_slices : 1;
+    });
+}
+
+static nvmlComputeInstance_t ci_handle(const sim_gpu *g, unsigned k)
+{
+    nvmlComputeInstance_t h = &g_ci_handles[g - g_state.gpus][k];
+    h->slot = (unsigned)(g - g_state.gpus);
+    h->mig = k;
+    return h;
+}
+
+/* Each GPU instance holds one compute instance of its full size (gpusim creates them so, like `-cgi ... -C`). */
+nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+                                                nvmlComputeInstance_t *computeInstances, unsigned int *count)
+{
+    INSTANCE_CALL(gi_handle_valid, gpuInstance, {
+        const sim_profile *p = mig_profile(g, m);
+        if (!computeInstances || !count) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            *count = 0;
+            if (p && p->ci_enum == profileId)
+                computeInstances[(*count)++] = ci_handle(g, (unsigned)(m - g->migs));
+        }
+    });
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
+                                                   nvmlComputeInstance_t *computeInstance)
+{
+    INSTANCE_CALL(gi_handle_valid, gpuInstance, {
+        if (!computeInstance) rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (m->ci != id) rc = NVML_ERROR_NOT_FOUND;
+        else *computeInstance = ci_handle(g, (unsigned)(m - g->migs));
+    });
+}
+
+nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance, nvmlComputeInstanceInfo_t *info)
+{
+    INSTANCE_CALL(ci_handle_valid, computeInstance, REQUIRE(info) {
+        const sim_profile *p = mig_profile(g, m);
+        memset(info, 0, sizeof(*info));
+        info->device = handle_for((unsigned)(g - g_state.gpus));
+        info->gpuInstance = gi_handle(g, (unsigned)(m - g->migs));
+        info->id = m->ci;
+        info->profileId = p ? p->ci_enum : 0;
+        info->placement.start = 0;
+        info->placement.size = p ? p->slices : 1;
+    });
+}
 
 /* ------------------------------------------------------------------ processes */
 
@@ -1369,16 +1903,18 @@ NOT_SUPPORTED_STUB(nvmlDeviceGetDeviceHandleFromMigDeviceHandle, (nvmlDevice_t d
 static nvmlReturn_t running_processes(nvmlDevice_t dev, int type, int v3, unsigned int *count, void *infos,
                                       size_t entry_size)
 {
-    DEVICE_CALL_IF(!(v3 && g_state.r470), dev, 0, {
+    /* A MIG device handle lists the processes on that instance; the board handle in MIG mode lists them all
+     * (root only), each with its GPU and compute instance ids. */
+    ANY_DEVICE_CALL_IF(!(v3 && g_state.r470), dev, 0, {
         size_t i;
         unsigned n = 0, want;
-        if (g->no_permission) {
+        if (g->no_permission || !MIG_AGGREGATE_ALLOWED(g, m)) {
             rc = NVML_ERROR_NO_PERMISSION;
         } else if (!count) {
             rc = NVML_ERROR_INVALID_ARGUMENT;
         } else {
             for (i = 0; i < g_state.nprocs; i++)
-                if (g_state.procs[i].gpu == g->index && g_state.procs[i].type == type && proc_listed(&g_state.procs[i]))
+                if (proc_on(&g_state.procs[i], g, m) && g_state.procs[i].type == type && proc_listed(&g_state.procs[i]))
                     n++;
             if (!infos || *count < n) {
                 *count = n;
@@ -1389,7 +1925,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t dev, int type, int v3, unsign
                 for (i = 0; i < g_state.nprocs && n < want; i++) {
                     const sim_proc *p = &g_state.procs[i];
                     unsigned long long mem;
-                    if (p->gpu != g->index || p->type != type || !proc_listed(p))
+                    if (!proc_on(p, g, m) || p->type != type || !proc_listed(p))
                         continue;
                     mem = isnan(p->used_mib) ? NVML_VALUE_NOT_AVAILABLE_ULL : mib_to_bytes(p->used_mib);
                     if (entry_size == sizeof(nvmlProcessInfo_v1_t)) {
@@ -1402,7 +1938,8 @@ static nvmlReturn_t running_processes(nvmlDevice_t dev, int type, int v3, unsign
                         memset(e, 0, sizeof(*e));
                         e->pid = p->pid;
                         e->usedGpuMemory = mem;
-                        e->gpuInstanceId = e->computeInstanceId = NVML_NO_INSTANCE;
+                        e->gpuInstanceId = p->on_mig && mig_active(g) ? p->mig_gi : NVML_NO_INSTANCE;
+                        e->computeInstanceId = p->on_mig && mig_active(g) ? p->mig_ci : NVML_NO_INSTANCE;
                     }
                     n++;
                 }

@@ -412,19 +412,7 @@ def cmd_audit(args, out):
     findings, warnings, evaluated = rogue.detect_snapshot(snapshot, config=config, min_level=args.min_level,
                                                           history_path=paths.history)
     warnings = list(config.warnings) + list(warnings)
-    logged = 0
-    if not args.no_log and findings and paths.audit_log:
-        run_id = os.urandom(16).hex()
-        host = os.uname().nodename
-        for finding in findings:
-            record = {'schema': 1, 'event': 'rogue_finding', 'run_id': run_id, 'host': host, 'source': PROG}
-            record.update(finding)
-            try:
-                audit_log.append(paths.audit_log, record)
-                logged += 1
-            except audit_log.AuditLogError as exc:
-                warnings.append(str(exc))
-                break
+    logged = 0 if args.no_log else rogue.log_findings(paths.audit_log, findings, source=PROG, warnings=warnings)
     summary = rogue.summarize(findings, evaluated)
     if args.json:
         _print_json({'findings': findings, 'summary': summary, 'logged': logged, 'warnings': warnings}, out)

@@ -14,11 +14,12 @@ import copy
 from ..constants import ROGUE_LEVELS
 from ..identity import UNKNOWN_OWNER
 from ..idle import process_utilization
+from ..units import human_duration
 from .context import Context
 from .validation import _is_number
 from .values import ACTION_TERMINATE
 from .violations import (
-    Violation, _describe, _fmt_mib, _gpus_of, _human_s, _mib, fewest_by_count, fewest_by_size, fewest_for_gpus, proc_key)
+    Violation, _describe, _fmt_mib, _gpus_of, _mib, fewest_by_count, fewest_by_size, fewest_for_gpus, proc_key)
 
 
 class _Eval(object):
@@ -153,7 +154,7 @@ def _user_rules(run, user, procs):
                 out.append(Violation('max_runtime', 'user:%s' % user, round(age, 1), lim.max_runtime_s, action, [proc.pid],
                                      user=user, unit='s',
                                      message='%s\'s process %d (%s) has run for %s, longer than the %s allowed' % (
-                                         user, proc.pid, proc.name, _human_s(age), _human_s(lim.max_runtime_s)),
+                                         user, proc.pid, proc.name, human_duration(age), human_duration(lim.max_runtime_s)),
                                      procs=[_describe(proc)]))
     if lim.idle is not None:
         clocks = run.state.get('idle') or {}
@@ -171,8 +172,8 @@ def _user_rules(run, user, procs):
             out.append(Violation('idle', 'user:%s' % user, round(idle_for, 1), lim.idle.for_s, action, [proc.pid], user=user,
                                  unit='s', message='%s\'s process %d (%s) has held %s at <= %g%% utilization for %s '
                                                    '(idle limit %s)' % (user, proc.pid, proc.name, _fmt_mib(used),
-                                                                        lim.idle.util_max_pct, _human_s(idle_for),
-                                                                        _human_s(lim.idle.for_s)),
+                                                                        lim.idle.util_max_pct, human_duration(idle_for),
+                                                                        human_duration(lim.idle.for_s)),
                                  procs=[_describe(proc)]))
     if lim.allowed_gpus is not None or lim.blocked_gpus is not None:
         for proc in run.eligible(procs, 'gpu_access'):

@@ -161,12 +161,3 @@ def _fmt_mib(value, other=None):
     return text
 
 
-def _human_s(seconds):
-    seconds = int(seconds)
-    if seconds >= 86400:
-        return '%dd%02dh' % (seconds // 86400, seconds % 86400 // 3600)
-    if seconds >= 3600:
-        return '%dh%02dm' % (seconds // 3600, seconds % 3600 // 60)
-    if seconds >= 60:
-        return '%dm%02ds' % (seconds // 60, seconds % 60)
-    return '%ds' % seconds

@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 import re
 
-from ..select import MAX_MATCH_TEXT
-from ..select import _human  # one duration formatter for the core's messages
+from ..textmatch import MAX_MATCH_TEXT
+from ..units import human_duration
 from . import rules as R
 from .facts import ACTIVE_STATES, MAX_EVIDENCE, MAX_PARENTS, _basename, _evidence, _strip_version, is_public
 
@@ -362,7 +362,7 @@ def rule_flat_util(ctx):
     mean, stdev = _stats([v for _t, v in points])
     if mean >= R.FLAT_UTIL_MIN_PCT and (mean == 0 or stdev / mean < R.FLAT_UTIL_MAX_COV):
         return [_evidence('utilization', 'mean %.1f%%, stdev %.2f' % (mean, stdev),
-                          '%d samples over %s' % (len(points), _human(points[-1][0] - points[0][0])))]
+                          '%d samples over %s' % (len(points), human_duration(points[-1][0] - points[0][0])))]
     return []
 
 
@@ -377,7 +377,7 @@ def rule_flat_mem(ctx):
     spread = max(values) - min(values)
     if mean > 0 and spread <= max(64.0, 0.01 * mean) and mean < R.FLAT_MEM_MAX_FRACTION * facts.gpu_memory_total_mib:
         return [_evidence('memory', '%d MiB (+/- %d) of %d MiB' % (mean, spread, facts.gpu_memory_total_mib),
-                          '%d samples over %s' % (len(points), _human(points[-1][0] - points[0][0])))]
+                          '%d samples over %s' % (len(points), human_duration(points[-1][0] - points[0][0])))]
     return []
 
 

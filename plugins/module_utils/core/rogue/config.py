@@ -13,7 +13,7 @@ inline rules give: ``CustomRule`` (a rule made of regular expressions, ports and
 
 from __future__ import annotations
 
-from ..select import MAX_MATCH_TEXT
+from ..textmatch import MAX_MATCH_TEXT
 from . import rules as R
 from .checks import BUILTIN_CHECKS
 from .facts import ACTIVE_STATES, _evidence

@@ -19,7 +19,7 @@ import re
 
 from .. import safe_files
 from ..errors import GpuFleetError, InvalidArgument, MissingLibrary
-from ..select import compile_regex
+from ..textmatch import compile_regex
 from ..text import clean_text
 from ..units import parse_duration
 from . import rules as R

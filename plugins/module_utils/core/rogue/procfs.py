@@ -19,7 +19,7 @@ import re
 
 from ..errors import InvalidArgument
 from ..exe_hash import ExeHashes
-from ..identity import kernel_lines, parse_stat, read_bytes as _read_bytes, read_starttime
+from ..identity import kernel_lines, read_bytes as _read_bytes, read_ppid, read_starttime, read_stat
 from ..processes import scheduler_daemon
 from . import rules as R
 from .facts import MAX_PARENTS, Connection, ProcessFacts, _norm_args
@@ -234,7 +234,7 @@ class FactsCollector(object):
         except OSError as exc:
             facts.notes.append('mapped libraries not readable: %s' % (exc.strerror or exc))
         facts.connections = self._connections(base, facts)
-        facts.parents = self._parents(proc.ppid if proc.ppid is not None else self._ppid(base))
+        facts.parents = self._parents(proc.ppid if proc.ppid is not None else read_ppid(os.path.basename(base), self.proc_root))
         return facts
 
     def _sha256(self, proc, facts):
@@ -247,12 +247,6 @@ class FactsCollector(object):
         if starttime is None:
             return os.path.isdir(base)
         return read_starttime(os.path.basename(base), self.proc_root) == starttime
-
-    def _ppid(self, base):
-        try:
-            return parse_stat(_read_bytes(os.path.join(base, 'stat'), 4096).decode('utf-8', 'replace'))['ppid']
-        except (OSError, ValueError, IndexError):
-            return None
 
     def _connections(self, base, facts):
         inodes = set()
@@ -288,9 +282,8 @@ class FactsCollector(object):
         while pid and pid > 0 and pid not in seen and len(parents) < MAX_PARENTS:
             seen.add(pid)
             base = os.path.join(self.proc_root, str(pid))
-            try:
-                stat = parse_stat(_read_bytes(os.path.join(base, 'stat'), 4096).decode('utf-8', 'replace'))
-            except (OSError, ValueError, IndexError):
+            stat = read_stat(pid, self.proc_root)
+            if stat is None:
                 break
             entry = {'pid': pid, 'name': stat['comm'], 'exe': None, 'cmdline': None}
             try:
