@@ -382,12 +382,10 @@ msg:
 
 import hashlib
 import json
-import socket
-import uuid
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, guard, history, policy as policy_mod, rogue
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import guard, history, policy as policy_mod, rogue
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import ROGUE_LEVELS, STATE_PATH
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
@@ -396,7 +394,6 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import
     finish, gpu_options, invalid_policy, invalid_rules, run_module)
 
 FACILITIES = ('user', 'daemon', 'auth', 'authpriv', 'local0', 'local1', 'local2', 'local3', 'local4', 'local5', 'local6', 'local7')
-RECORD_SCHEMA = 1
 
 
 def argument_spec():
@@ -448,13 +445,6 @@ def policy_dry_run(policy, params, snapshot, now=None):
     return violations, summary, warnings
 
 
-def log_record(finding, run_id, host):
-    """The JSON Lines record of one finding (docs/audit-schema.md); audit_log adds ts, prev_hash and hash."""
-    record = {'schema': RECORD_SCHEMA, 'event': 'rogue_finding', 'run_id': run_id, 'host': host}
-    record.update(finding)
-    return record
-
-
 def syslog_message(finding):
     """One syslog line: JSON with ensure_ascii, so no control character of the user's exe path reaches syslog."""
     brief = {'level': finding['level'], 'score': finding['score'], 'pid': finding['pid'], 'user': finding['user'],
@@ -502,12 +492,7 @@ def run(params, check_mode=False, snapshot=None):
         warnings.extend(report.get('warnings') or [])
     logged = {'log_path': 0, 'syslog': 0}
     if not check_mode and findings:
-        if params['log_path']:
-            run_id = str(uuid.uuid4())
-            host = socket.gethostname()
-            for finding in findings:
-                audit_log.append(params['log_path'], log_record(finding, run_id, host))
-                logged['log_path'] += 1
+        logged['log_path'] = rogue.log_findings(params['log_path'], findings)
         if params['syslog']:
             logged['syslog'] = send_syslog(findings, params['facility'])
     summary = rogue.summarize(findings, evaluated)
