@@ -82,13 +82,15 @@ class _Val(object):
     def line(self):
         return _line(self.node)
 
-    def error(self, why, node=None):
-        return Invalid(self.path, self.value, why, line=self.line if node is None else _line(node))
+    def error(self, why):
+        return Invalid(self.path, self.value, why, line=self.line)
 
     def _check(self, check, *args):
-        """check(self.value, self.path, *args), its error with the line of this value."""
+        """check(value, self.path, *args), its error with the line of this value.  The value of a
+        YAML mapping or list node (walked through its nodes) is checked as an empty one."""
+        value = {} if isinstance(self.node, yaml.MappingNode) else [] if isinstance(self.node, yaml.SequenceNode) else self.value
         try:
-            return check(self.value, self.path, *args)
+            return check(value, self.path, *args)
         except Invalid as exc:
             raise self.error(exc.why)
 
@@ -98,12 +100,10 @@ class _Val(object):
 
     def mapping(self, allowed):
         """{key: _Val} of a mapping, rejecting keys not in ``allowed``."""
+        value = self._check(validation.mapping)
         if self.node is None:
-            value = self._check(validation.mapping)
             self.run(validation.only, value, self.path, allowed, None, 'key', True)
             return dict((key, self.child(item, None, key)) for key, item in value.items() if key in allowed)
-        if not isinstance(self.node, yaml.MappingNode):
-            raise self.error('expected a mapping, got %s' % _node_type(self.node))
         out = {}
         for knode, vnode in self.node.value:
             key = knode.value if isinstance(knode, yaml.ScalarNode) else None
@@ -116,10 +116,9 @@ class _Val(object):
         return out
 
     def sequence(self):
+        value = self._check(validation.sequence)
         if self.node is None:
-            return [self.child(v, None, i) for i, v in enumerate(self._check(validation.sequence))]
-        if not isinstance(self.node, yaml.SequenceNode):
-            raise self.error('expected a list, got %s' % _node_type(self.node))
+            return [self.child(v, None, i) for i, v in enumerate(value)]
         return [self.child(_construct(self.loader, n), n, i) for i, n in enumerate(self.node.value)]
 
     def string(self, allow_empty=False):
@@ -138,15 +137,6 @@ class _Val(object):
 
 def _line(node):
     return None if node is None else node.start_mark.line + 1
-
-
-def _node_type(node):
-    """What a YAML node holds, in words (as validation.type_name says it)."""
-    if isinstance(node, yaml.MappingNode):
-        return 'a mapping'
-    if isinstance(node, yaml.SequenceNode):
-        return 'a list'
-    return 'a single value'
 
 
 def _construct(loader, node):
