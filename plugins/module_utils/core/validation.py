@@ -21,6 +21,7 @@ limits on a document's shape (``check_nesting``) live here once.
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from .errors import InvalidArgument
@@ -217,6 +218,6 @@ def in_range(value, path, low=None, high=None, whole=False, why=None, above=Fals
     if not is_number(value) or (whole and not isinstance(value, int)):
         raise Invalid(path, value, why or 'expected %s from %s to %s, got %s' % (
             'a whole number' if whole else 'a number', low, high, type_name(value)))
-    if value != value or (low is not None and not (value > low if above else value >= low)) or (high is not None and value > high):
+    if math.isnan(value) or (low is not None and not (value > low if above else value >= low)) or (high is not None and value > high):
         raise Invalid(path, value, why or '%s is out of range %s-%s' % (value, low, high))
     return value

@@ -12,7 +12,8 @@ every failure of a document so that none hides another."""
 from __future__ import annotations
 
 from ..errors import InvalidArgument
-from ..validation import (  # noqa: F401  (the leaf's names, importable from here as before)
+# the leaf's names, importable from here as before
+from ..validation import (  # noqa: F401  pylint: disable=unused-import
     MAX_ALIAS_NODES, MAX_ERRORS, MAX_NESTING, DocumentLimitError, Errors, Invalid, check_nesting, is_number, join, line_of, only, show,
     too_deep, type_name,
 )
