@@ -22,7 +22,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils import gpu_module
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_reset
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.modules.module_docs import documented_options
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_reset import (  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_reset import (  # noqa: F401 pylint: disable=unused-import
     BUS, SIM_BIN, audit, blocker, by_index, check_of, gpu_state, node, systemctl_log)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='the fake nvidia-smi resets only as root, like the real one')
