@@ -103,3 +103,14 @@ def idle_since(rule, proc, snapshot, now, samples=None):
     current = ((now, process_utilization(proc, snapshot), proc.used_mib),)
     older = () if samples is None or proc.starttime is None else samples.process_samples(proc.pid, proc.starttime, now)
     return rule.since(itertools.chain(current, older))
+
+
+def idle_pids(rule, snapshot, now, samples=None):
+    """``{pid: since}``: ``idle_since`` for every process of ``snapshot`` with a known start time
+    that is idle at all (gpu_kill's ``idle_for``: the selector then asks for how long)."""
+    found = {}
+    for proc in snapshot.processes:
+        since = idle_since(rule, proc, snapshot, now, samples) if proc.starttime is not None else None
+        if since is not None:
+            found[proc.pid] = since
+    return found

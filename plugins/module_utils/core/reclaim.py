@@ -19,7 +19,7 @@ import time
 from . import audit_log, history, killer, notify, watchdog
 from .backends import select as select_backends
 from .errors import HistoryError, InvalidArgument
-from .idle import IdleRule, idle_since as rule_since
+from .idle import IdleRule, idle_pids
 from .processes import device_key, resolve_dev_roots, scan_device_fds, user_uid
 from .snapshot import DRM_RENDER_BASE, device_gpus, take_snapshot
 
@@ -390,17 +390,12 @@ def _idle_since(selector, options, snapshot, now, warnings):
         store.record(snapshot, now, patterns=options.redact_patterns)
     except HistoryError as exc:
         warnings.append('could not record a utilization sample in %s: %s' % (options.history_path, exc))
-    found = {}
     try:
-        for proc in snapshot.processes:
-            since = rule_since(rule, proc, snapshot, now, store) if proc.starttime is not None else None
-            if since is not None:
-                found[proc.pid] = since
+        return idle_pids(rule, snapshot, now, store)
     finally:
         if store is not None:
             warnings.extend(store.problems)
             store.close()
-    return found
 
 
 def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_roots=None, on_signalled=None):
