@@ -30,7 +30,7 @@ from .constants import HISTORY_PATH as DEFAULT_PATH
 from .errors import HistoryError
 from .idle import REPORT_MEM_MIN_MIB, IdleRule, gpu_utilization
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: the covering index samples_idle (the idleness rule's reads) replaces samples_proc
 DEFAULT_RETENTION_DAYS = 30
 MAX_RETENTION_DAYS = 3660
 DEFAULT_INTERVAL_S = 60.0
@@ -46,7 +46,8 @@ SCHEMA = (
     ' pid INTEGER NOT NULL, starttime INTEGER, user TEXT, name TEXT, cmdline TEXT,'
     ' used_mib INTEGER, util_pct REAL)',
     'CREATE INDEX IF NOT EXISTS samples_ts ON samples (ts)',
-    'CREATE INDEX IF NOT EXISTS samples_proc ON samples (pid, starttime, ts)',
+    'CREATE INDEX IF NOT EXISTS samples_idle ON samples (pid, starttime, ts, util_pct, used_mib)',
+    'DROP INDEX IF EXISTS samples_proc',
     'CREATE TABLE IF NOT EXISTS gpu_samples ('
     ' ts REAL NOT NULL, interval_s REAL NOT NULL, gpu_index INTEGER NOT NULL, gpu_uuid TEXT,'
     ' util_pct REAL, memory_used_mib INTEGER, memory_total_mib INTEGER, process_count INTEGER)',
@@ -94,8 +95,8 @@ def init_schema(conn):
         for statement in SCHEMA:
             conn.execute(statement)
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    if row is None:
-        conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    if row is None or (str(row[0]).isdigit() and int(row[0]) < SCHEMA_VERSION):
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
     elif not str(row[0]).isdigit():
         raise HistoryError('the usage history is corrupt: schema version %r' % (row[0],))
     elif int(row[0]) > SCHEMA_VERSION:

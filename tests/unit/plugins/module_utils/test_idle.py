@@ -119,3 +119,21 @@ def test_concurrent_writers_lose_no_sample(tmp_path):
     with SampleStore(db) as store:
         assert [len(list(store.process_samples(pid, pid, T0 + 1000))) for pid in (1, 2, 3)] == [25, 25, 25]
     assert oct(os.stat(db).st_mode & 0o777) == '0o600'
+
+
+def test_a_schema_1_history_gets_the_covering_index_and_keeps_its_rows(tmp_path):
+    import sqlite3
+    db = str(tmp_path / 'history.db')
+    history.record_samples(db, one(1, 0), now=T0 - 60)
+    conn = sqlite3.connect(db)
+    conn.execute('DROP INDEX samples_idle')
+    conn.execute('CREATE INDEX samples_proc ON samples (pid, starttime, ts)')
+    conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with SampleStore(db) as store:
+        store.record(one(1, 0), T0)
+        assert idle_pids(IdleRule(5), one(1, 0), T0, store) == {1: T0 - 60}
+        indexes = [r[0] for r in store.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'samples'")]
+        assert sorted(indexes) == ['samples_idle', 'samples_ts']
+        assert store.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == '2'
