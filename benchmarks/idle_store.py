@@ -13,7 +13,9 @@ differs), of which half have been idle for the whole history and half busy:
   alone, the policy evaluated, state.json saved;
 * sqlite: the same plus the snapshot appended to the SQLite usage history (``history.SampleStore``:
   checked open, one transaction) and the idle clocks derived from it;
-* json: the same plus the snapshot appended to a JSON sample file (load, append, atomic save, at
+* sqlite-write: the baseline plus the SQLite append only (what every tick paid before this store
+  was also read: the history behind the usage reports);
+* json: the baseline plus the snapshot appended to a JSON sample file (load, append, atomic save, at
   most 720 samples a process: the file format gpu_kill used before) and the clocks derived from it.
 
 The history is filled first with ``--hours`` of samples at one a minute, so the idle runs the rule
@@ -55,6 +57,7 @@ defaults:
 notify: {tty: false}
 '''
 STEP_S = 60.0
+KINDS = ('baseline', 'sqlite-write', 'sqlite', 'json')
 JSON_MAX_SAMPLES = 720
 
 
@@ -113,9 +116,12 @@ def tick(kind, policy, snapshot, now, base):
     """One decision step with the store ``kind`` (None: the baseline); (cpu s, wall s, idle clocks)."""
     cpu, wall = time.process_time(), time.perf_counter()
     store = None
-    if kind == 'sqlite':
+    if kind in ('sqlite', 'sqlite-write'):
         store = history.SampleStore(os.path.join(base, 'history.db'))
         store.record(snapshot, now)
+        if kind == 'sqlite-write':
+            store.close()
+            store = None
     elif kind == 'json':
         store = JsonSamples(os.path.join(base, 'utilization.json'))
         store.record(snapshot, now)
@@ -142,11 +148,11 @@ def measure(args):
         for step in range(max(0, fill - JSON_MAX_SAMPLES), fill):
             json_store.record(snap, start + step * STEP_S, save=False)
         json_store.save()
-        results = {'baseline': [], 'sqlite': [], 'json': []}
+        results = dict((kind, []) for kind in KINDS)
         clocks = {}
         for run in range(args.ticks):
             now = start + (fill + run) * STEP_S
-            for kind in ('baseline', 'sqlite', 'json'):
+            for kind in KINDS:
                 cpu, wall, idle = tick(None if kind == 'baseline' else kind, policy, snap, now, base)
                 results[kind].append((cpu, wall))
                 clocks[kind] = idle
@@ -165,7 +171,7 @@ def measure(args):
 
 def table(out):
     lines = ['| tick | CPU ms | wall ms | CPU ratio to the baseline |', '|---|---|---|---|']
-    for kind in ('baseline', 'sqlite', 'json'):
+    for kind in KINDS:
         row = out[kind]
         lines.append('| %s | %s | %s | %s |' % (kind, common.fmt(row['cpu'], 1000, 1), common.fmt(row['wall'], 1000, 1),
                                                common.fmt(row.get('ratio_cpu'), 1, 2, 'x') if kind != 'baseline' else '1'))
