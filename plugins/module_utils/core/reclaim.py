@@ -17,11 +17,11 @@ import signal as signals
 import time
 
 from . import audit_log, history, killer, notify, watchdog
-from .backends import select as select_backends
+from .backends import select as select_backends, vendor_backend
 from .errors import HistoryError, InvalidArgument
 from .idle import IdleRule, idle_pids
 from .processes import device_key, resolve_dev_roots, scan_device_fds, user_uid
-from .snapshot import DRM_RENDER_BASE, device_gpus, take_snapshot
+from .snapshot import device_gpus, take_snapshot
 
 SIGNALS = ('TERM', 'INT', 'HUP', 'QUIT', 'KILL', 'USR1', 'USR2')
 EVENT = 'gpu_kill'
@@ -314,9 +314,9 @@ def _unreleased_cause(index, snapshot, victims, dev_roots, left_children):
     holders = []
     fds_denied = 0
     if dev is not None and dev.minor is not None:
-        wanted = ('nvidia', dev.minor) if dev.vendor == 'nvidia' else ('renderD', DRM_RENDER_BASE + dev.minor)
+        wanted = vendor_backend(dev.vendor).device_keys(dev.minor)[:1]   # the node compute clients open
         fd_holders, _readable, fds_denied = scan_device_fds(dev_roots=dev_roots, exclude=[os.getpid()])
-        holders = sorted(pid for pid, paths in fd_holders.items() if any(device_key(p, dev_roots) == wanted for p in paths))
+        holders = sorted(pid for pid, paths in fd_holders.items() if any(device_key(p, dev_roots) in wanted for p in paths))
     if holders:
         children = [pid for pid in holders if pid in left_children]
         if children:
