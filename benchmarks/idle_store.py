@@ -173,8 +173,8 @@ def table(out):
     lines = ['| tick | CPU ms | wall ms | CPU ratio to the baseline |', '|---|---|---|---|']
     for kind in KINDS:
         row = out[kind]
-        lines.append('| %s | %s | %s | %s |' % (kind, common.fmt(row['cpu'], 1000, 1), common.fmt(row['wall'], 1000, 1),
-                                               common.fmt(row.get('ratio_cpu'), 1, 2, 'x') if kind != 'baseline' else '1'))
+        ratio = common.fmt(row.get('ratio_cpu'), 1, 2, 'x') if kind != 'baseline' else '1'
+        lines.append('| %s | %s | %s | %s |' % (kind, common.fmt(row['cpu'], 1000, 1), common.fmt(row['wall'], 1000, 1), ratio))
     lines.append('')
     lines.append('%d ticks, %d GPU processes (half idle for the whole %g h history), idle clocks found: %s; '
                  'history.db %.1f MB, utilization.json %.1f MB.' % (

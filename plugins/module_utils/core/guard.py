@@ -699,7 +699,8 @@ def dry_run(policy, snapshot, paths, settings=None, now=None):
     """What enforcement of ``policy`` would do about ``snapshot`` now, without writing anything.
 
     The guard's state (escalation progress) is read when ``paths.state`` exists, and the idle clocks
-    are derived from the usage history when ``paths.history`` exists; neither is written.  Returns (violations, notes, warnings): each violation is ``Violation.to_dict()`` plus
+    are derived from the usage history when ``paths.history`` exists; neither is written.
+    Returns (violations, notes, warnings): each violation is ``Violation.to_dict()`` plus
     ``enforcement`` = {mode, next (warn, act or wait), step, act_in, would}.  Used by gpu_audit policy=.
     """
     now = time.time() if now is None else float(now)

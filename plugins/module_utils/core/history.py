@@ -177,11 +177,10 @@ def process_samples(conn, pid, starttime, before, problems=None):
     rule reads only as far back as the idle run goes.  A read error ends the samples (the run is
     then shorter, never longer) and is appended to ``problems``."""
     try:
-        for row in conn.execute(
-                'SELECT ts, CASE WHEN COUNT(util_pct) = COUNT(*) THEN MAX(util_pct) END,'
-                ' CASE WHEN COUNT(used_mib) = COUNT(*) THEN SUM(used_mib) END FROM samples'
-                ' WHERE pid = ? AND starttime = ? AND ts < ? GROUP BY ts ORDER BY ts DESC', (pid, starttime, before)):
-            yield row
+        yield from conn.execute(
+            'SELECT ts, CASE WHEN COUNT(util_pct) = COUNT(*) THEN MAX(util_pct) END,'
+            ' CASE WHEN COUNT(used_mib) = COUNT(*) THEN SUM(used_mib) END FROM samples'
+            ' WHERE pid = ? AND starttime = ? AND ts < ? GROUP BY ts ORDER BY ts DESC', (pid, starttime, before))
     except sqlite3.Error as exc:
         if problems is not None and len(problems) < 5:
             problems.append('could not read the idle samples of process %s from the usage history: %s' % (pid, exc))
