@@ -119,8 +119,9 @@ options:
     type: raw
   state_path:
     description:
-      - The guard's state file on the node, read (never written) for O(policy) - the idle clocks and how far each
-        violation's escalation has gone. When it does not exist every violation is judged as newly seen.
+      - The guard's state file on the node, read (never written) for O(policy) - how far each violation's escalation
+        has gone. When it does not exist every violation is judged as newly seen. The idle clocks come from the usage
+        history O(history_path), read the same way.
     type: path
     default: /var/lib/gpufleet/state.json
 notes:

@@ -92,8 +92,11 @@ options:
       - Only processes that hold GPU memory while their GPU utilization stayed at or below O(idle_util_pct) for at least
         this long, for example V(30m) or V(2h).
       - Idleness is sampled. Each gpu_kill run with O(idle_for), check mode included, records one utilization sample
-        per GPU process in O(utilization_history). A process is idle since the oldest sample of the unbroken run of
-        idle samples that ends with the current one; an unknown sample breaks the run. The per-process figure is the
+        per GPU process in O(utilization_history), the usage history that the guard (role C(gpufleet.reclaim.guard))
+        also writes at every tick, so on a node that runs the guard its samples count as well. A process is idle since
+        the oldest sample of the unbroken run of idle samples that ends with the current one; an unknown sample breaks
+        the run. This is the same idleness rule as the guard policy's C(idle) rule, with O(idle_util_pct) as the
+        threshold and no memory floor or gap limit. The per-process figure is the
         driver's own per-process utilization (for NVIDIA the highest SM utilization in NVML's process utilization
         samples of the last 10 seconds; no sample means 0) where the driver has one, else the GPU's utilization when
         the process is alone on it; otherwise it is unknown and the process is never called idle.
@@ -171,10 +174,14 @@ options:
     default: 15
   utilization_history:
     description:
-      - Absolute path of the file on the node that keeps the utilization samples for O(idle_for).
+      - Absolute path of the SQLite usage history on the node that keeps the utilization samples for O(idle_for);
+        by default the guard's (its C(history_path)), created (mode 0600) when missing. Concurrent runs and guard
+        ticks write it in transactions.
       - An empty value or V(none) disables it; O(idle_for) then fails.
+      - Earlier releases kept a JSON file, C(/var/lib/gpufleet/utilization.json); it is not read any more (the
+        idle clocks start again), and a path that names such a file is refused with a warning.
     type: path
-    default: /var/lib/gpufleet/utilization.json
+    default: /var/lib/gpufleet/history.db
 notes:
   - Never signalled, whatever the selectors say, in check mode or not - pid 0 and 1, the module's own process, its
     ancestors and its session, kernel threads, processes named in O(protect_names), processes of O(protect_users),
@@ -396,7 +403,7 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import ROGUE_LEVELS, UTILIZATION_PATH
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import HISTORY_PATH, ROGUE_LEVELS
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reclaim import SIGNALS, ReclaimOptions, reclaim
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import (
@@ -431,7 +438,7 @@ def argument_spec():
         force=dict(type='bool', default=False),
         tree=dict(type='bool', default=True),
         release_timeout=dict(type='float', default=15.0),
-        utilization_history=dict(type='path', default=UTILIZATION_PATH),
+        utilization_history=dict(type='path', default=HISTORY_PATH),
     )
 
 
