@@ -18,7 +18,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import histo
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import HistoryError
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.history import SampleStore
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.idle import IdleRule, idle_pids
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_history import T0, proc, snapshot
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_history import T0, proc, snapshot
 
 
 def one(pid, util, start=500, mib=1024):
