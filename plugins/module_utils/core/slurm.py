@@ -167,6 +167,13 @@ def boot_clock(proc_root='/proc', clock=time.time):
     return lambda starttime: None if starttime is None else boot + starttime / ticks
 
 
+def host_gpus(indexes, snapshot):
+    """Host-wide GPU indexes of Slurm's GRES indexes (gres.conf ``File=/dev/nvidia[0-N]`` in order: GRES index i is
+    the device with minor i; a device without a minor is matched by its index)."""
+    wanted = set(indexes or ())
+    return sorted(dev.index for dev in snapshot.all_devices if (dev.minor if dev.minor is not None else dev.index) in wanted)
+
+
 def node_name(environ=None):
     """This node's Slurm name: ``SLURMD_NODENAME`` (slurmd sets it for the prolog and epilog), else the short host name."""
     environ = os.environ if environ is None else environ

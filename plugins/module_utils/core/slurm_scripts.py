@@ -29,7 +29,7 @@ import time
 from . import audit_log, killer, metrics as metrics_mod, safe_files
 from .constants import DEFAULT_PROTECT_NAMES
 from .reclaim import DriverProbe
-from .slurm import Candidate, Job, SlurmClient, SlurmError, boot_clock, job_claims, node_name, parse_index_list, stale_claims, valid_job_id
+from .slurm import Candidate, Job, SlurmClient, SlurmError, boot_clock, host_gpus, job_claims, node_name, parse_index_list, stale_claims, valid_job_id
 from .snapshot import take_snapshot
 from .text import printable
 
@@ -64,13 +64,6 @@ class ScriptOptions(object):
     def bound_s(self):
         """The longest a run can take: three Slurm commands, one driver read, the kill and the release wait."""
         return 3 * self.slurm_timeout + self.driver_timeout + self.grace + self.kill_wait + self.release_timeout + 5.0
-
-
-def host_gpus(indexes, snapshot):
-    """Host-wide GPU indexes of Slurm's GRES indexes (gres.conf ``File=/dev/nvidia[0-N]`` in order: GRES index i is
-    the device with minor i; a device without a minor is matched by its index)."""
-    wanted = set(indexes or ())
-    return sorted(dev.index for dev in snapshot.all_devices if (dev.minor if dev.minor is not None else dev.index) in wanted)
 
 
 def candidates(snapshot, started=None):
