@@ -28,6 +28,7 @@ import time
 
 from . import audit_log, killer, metrics as metrics_mod, safe_files
 from .constants import DEFAULT_PROTECT_NAMES
+from .model import CONTEXT_OVERHEAD_MIB
 from .reclaim import DriverProbe
 from .slurm import Candidate, Job, SlurmClient, SlurmError, boot_clock, host_gpus, job_claims, node_name, parse_index_list, stale_claims, valid_job_id
 from .snapshot import take_snapshot
@@ -118,21 +119,21 @@ def _signal(claimed, options, on_sent):
 
 
 def _release(snapshot, gpus, victims, ghost_pids, options):
-    """killer.wait_release over ``gpus``: the killed victims and the ghosts must leave the driver's lists and their MiB
-    come back.  {gpu: wait_release entry}."""
+    """killer.wait_release over ``gpus``: the killed victims and the ghosts must leave the driver's lists, and the
+    GPU's used memory must come down to what the processes still listed there hold (plus the driver's per-context
+    allowance, model.CONTEXT_OVERHEAD_MIB).  Only GPUs where something was ended, a ghost is listed or memory no
+    process accounts for (``orphaned_mib``) is held.  {gpu: wait_release entry}."""
     expected = {}
     for gpu in gpus:
+        dev = snapshot.device(gpu)
         pids = set(v.pid for v in victims if v.outcome == 'killed' and gpu in v.record['gpus'])
         pids.update(pid for pid, _mib in ghost_pids.get(gpu, ()))
-        if not pids:
+        if not pids and not (dev is not None and dev.orphaned_mib):
             continue
-        held = 0
-        for pid in pids:
-            proc = snapshot.process(pid)
-            used = proc.used_mib_by_gpu.get(gpu) if proc is not None else None
-            held = None if held is None or used is None else held + used
-        dev = snapshot.device(gpu)
-        expected[gpu] = {'pids': pids, 'before_mib': dev.memory_used_mib if dev is not None else None, 'held_mib': held}
+        others = [p for p in snapshot.processes if gpu in p.gpu_indexes and p.pid not in pids]
+        kept = sum(p.used_mib_by_gpu.get(gpu) or 0 for p in others) + CONTEXT_OVERHEAD_MIB.get(dev.vendor if dev else None, 0) * len(others)
+        before = dev.memory_used_mib if dev is not None else None
+        expected[gpu] = {'pids': pids, 'before_mib': before, 'held_mib': None if before is None else max(0, before - kept)}
     if not expected or options.dry_run:
         return {}
     probe = DriverProbe(options.vendor, snapshot)
