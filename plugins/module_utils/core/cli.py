@@ -143,8 +143,8 @@ def _slurm_script_parser(sub, script):
                      help='seconds for the GPU memory to come back (default %g)' % scripts.DEFAULT_RELEASE_TIMEOUT_S)
     cmd.add_argument('--slurm-timeout', type=float, default=10.0, help='seconds per Slurm command (squeue, scontrol)')
     cmd.add_argument('--driver-timeout', type=float, default=scripts.DEFAULT_DRIVER_TIMEOUT_S, help='seconds per driver read')
-    cmd.add_argument('--script-metrics', metavar='PATH', help='textfile of this script (default: gpufleet_slurm_%s.prom next to '
-                                                             'the guard\'s metrics; empty: none)' % script)
+    cmd.add_argument('--script-metrics', metavar='PATH',
+                     help='textfile of this script (default: gpufleet_slurm_%s.prom next to the guard\'s metrics; empty: none)' % script)
     cmd.add_argument('--no-drain', action='store_true', help='never drain the node (report only)')
     cmd.add_argument('--dry-run', action='store_true', help='decide and report; signal and drain nothing, exit 0')
     cmd.add_argument('--json', action='store_true')

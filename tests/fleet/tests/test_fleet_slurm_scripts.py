@@ -24,7 +24,6 @@ import os
 import re
 import shlex
 import sys
-import time
 
 import pytest
 
@@ -126,6 +125,16 @@ class Fleet(object):
     def entry(self, node, pid):
         return [p for p in self.gpusim(node)['processes'] if p['pid'] == pid][0]
 
+    def drained(self, name):
+        """``scontrol show node`` when the node is drained, else None."""
+        text = self.node(name)
+        return text if 'DRAIN' in re.search(r'State=(\S+)', text).group(1) else None
+
+    def ended(self, node, pid):
+        """The gpusim entry of ``pid`` once it and its children are gone, else None."""
+        entry = self.entry(node, pid)
+        return entry if not entry['alive'] and not entry['children_alive'] else None
+
     def log(self, node, event):
         path = os.path.join(self.dir, 'nodes', node, 'fs', 'var', 'log', 'gpufleet', 'guard.jsonl')
         return [json.loads(line) for line in open(path) if '"event":"%s"' % event in line] if os.path.exists(path) else []
@@ -154,8 +163,7 @@ def test_epilog_ends_the_jobs_leftovers_drains_on_a_slow_release_and_the_prolog_
         gpus, gpu, pid = fleet.workload(alice)
         assert gpus == [gpu] and gpu != bob_gpu
         wait_for('job %s to complete' % alice, lambda: 'JobState=COMPLETED' in fleet.job(alice), timeout=60)
-        entry = wait_for('the epilog to end alice\'s processes', lambda: (lambda e: not e['alive'] and not e['children_alive'] and e)(
-            fleet.entry('node02', pid)), timeout=30)
+        entry = wait_for('the epilog to end alice\'s processes', lambda: fleet.ended('node02', pid), timeout=30)
         shown = fleet.gpusim('node02')
         assert shown['gpus'][gpu]['used_mib'] == 0 and entry['user'] == 'alice'
         epilog = [r for r in fleet.log('node02', 'slurm_epilog') if r['job']['job'] == alice]
@@ -166,7 +174,7 @@ def test_epilog_ends_the_jobs_leftovers_drains_on_a_slow_release_and_the_prolog_
         # bob's job and its process: untouched
         assert fleet.entry('node02', bob_pid)['alive'] and 'JobState=RUNNING' in fleet.job(bob)
         assert shown['gpus'][bob_gpu]['used_mib'] == 1024
-        assert 'DRAIN' not in re.search(r'State=(\S+)', fleet.node('node02')).group(1)
+        assert fleet.drained('node02') is None
         prom = open(os.path.join(fleet.dir, 'nodes', 'node02', 'fs', 'var', 'lib', 'node_exporter', 'textfile_collector',
                                  'gpufleet_slurm_epilog.prom')).read()
         assert 'gpufleet_slurm_epilog_processes_killed{node="node02"} 2' in prom, prom
@@ -175,8 +183,7 @@ def test_epilog_ends_the_jobs_leftovers_drains_on_a_slow_release_and_the_prolog_
         slow = fleet.sbatch('alice', 'node02', 1, 2048)
         _gpus, slow_gpu, _pid = fleet.workload(slow)
         reason = 'gpufleet: GPU %d holds 2048 MiB after job %s' % (slow_gpu, slow)
-        node = wait_for('node02 drained', lambda: (lambda t: 'DRAIN' in re.search(r'State=(\S+)', t).group(1) and t)(fleet.node('node02')),
-                        timeout=60)
+        node = wait_for('node02 drained', lambda: fleet.drained('node02'), timeout=60)
         assert 'Reason=%s' % reason in node, node
         assert fleet.entry('node02', bob_pid)['alive'] and 'JobState=RUNNING' in fleet.job(bob)
         fleet.on('node02', 'gpusim', 'set', '--release-delay-ms', '0')
@@ -186,10 +193,10 @@ def test_epilog_ends_the_jobs_leftovers_drains_on_a_slow_release_and_the_prolog_
         wait_for('job %s to complete' % first, lambda: 'JobState=COMPLETED' in fleet.job(first), timeout=60)
         assert fleet.entry('node03', busy_pid)['alive']
         second = fleet.sbatch('bob', 'node03', 4, 1024, hold=True)
-        node = wait_for('node03 drained', lambda: (lambda t: 'DRAIN' in re.search(r'State=(\S+)', t).group(1) and t)(fleet.node('node03')),
-                        timeout=60)
+        node = wait_for('node03 drained', lambda: fleet.drained('node03'), timeout=60)
         assert re.search(r'Reason=gpufleet: GPU %d holds 2048 MiB \(pids [0-9,]*%d[0-9,]*\) before job %s' % (busy_gpu, busy_pid, second), node), node
-        job = wait_for('job %s requeued' % second, lambda: (lambda t: 'JobState=PENDING' in t and t)(fleet.job(second)), timeout=60)
+        wait_for('job %s requeued' % second, lambda: 'JobState=PENDING' in fleet.job(second), timeout=60)
+        job = fleet.job(second)
         assert not os.path.exists(os.path.join(fleet.out, '%s.out' % second)) or 'workload=' not in open(os.path.join(fleet.out, '%s.out' % second)).read()
         prolog = [r for r in fleet.log('node03', 'slurm_prolog') if r['job']['job'] == second]
         assert prolog and prolog[0]['rc'] == 1 and prolog[0]['killed'] == [] and prolog[0]['blocking'], prolog
