@@ -44,6 +44,7 @@ extends_documentation_fragment:
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
   - gpufleet.reclaim._attributes.DRIVER_TIMEOUT
   - gpufleet.reclaim._attributes.ROGUE_DETECTOR
+  - gpufleet.reclaim._selection
 attributes:
   check_mode:
     support: full
@@ -107,13 +108,6 @@ options:
     choices: [user, daemon, auth, authpriv, local0, local1, local2, local3, local4, local5, local6, local7]
   gpus:
     description: Examine only processes on these GPUs (host-wide indexes or UUIDs).
-    type: list
-    elements: str
-  vendor:
-    description: Which vendor library to read (V(auto) reads every one that loads).
-    type: str
-    default: auto
-    choices: [auto, nvidia, amd, intel, apple]
   policy:
     description:
       - A guard policy to evaluate against the node's current state, without enforcing it - a dry run of what
@@ -125,8 +119,9 @@ options:
     type: raw
   state_path:
     description:
-      - The guard's state file on the node, read (never written) for O(policy) - the idle clocks and how far each
-        violation's escalation has gone. When it does not exist every violation is judged as newly seen.
+      - The guard's state file on the node, read (never written) for O(policy) - how far each violation's escalation
+        has gone. When it does not exist every violation is judged as newly seen. The idle clocks come from the usage
+        history O(history_path), read the same way.
     type: path
     default: /var/lib/gpufleet/state.json
 notes:
@@ -388,32 +383,27 @@ msg:
 
 import hashlib
 import json
-import socket
-import traceback
-import uuid
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, guard, history, policy as policy_mod, rogue
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import guard, history, policy as policy_mod, rogue
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import ROGUE_LEVELS, STATE_PATH
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import (
+    finish, gpu_options, invalid_policy, invalid_rules, run_module)
 
 FACILITIES = ('user', 'daemon', 'auth', 'authpriv', 'local0', 'local1', 'local2', 'local3', 'local4', 'local5', 'local6', 'local7')
-RECORD_SCHEMA = 1
 
 
 def argument_spec():
     # require_allocation and history_path: rogue.detector_argument_spec(), as in gpu_kill
     return dict(
-        rogue.detector_argument_spec(),
-        driver_timeout=watchdog.option(),
+        rogue.detector_argument_spec(), **gpu_options(),
         rules_file=dict(type='path'),
         rules=dict(type='dict'),
-        min_level=dict(type='str', default='info', choices=list(rogue.LEVELS)),
+        min_level=dict(type='str', default='info', choices=list(ROGUE_LEVELS)),
         history=dict(type='bool', default=False),
         hours=dict(type='float', default=24.0),
         top=dict(type='int', default=10),
@@ -421,10 +411,8 @@ def argument_spec():
         log_path=dict(type='path'),
         syslog=dict(type='bool', default=False),
         facility=dict(type='str', default='user', choices=list(FACILITIES)),
-        gpus=dict(type='list', elements='str'),
-        vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
         policy=dict(type='raw'),
-        state_path=dict(type='path', default=guard.DEFAULT_PATHS['state']),
+        state_path=dict(type='path', default=STATE_PATH),
     )
 
 
@@ -456,13 +444,6 @@ def policy_dry_run(policy, params, snapshot, now=None):
     summary = {'source': policy.source, 'format': policy.format, 'mode': policy.mode,
                'sha256': policy.sha256, 'notes': list(policy.notes or []) + list(notes[:100])}
     return violations, summary, warnings
-
-
-def log_record(finding, run_id, host):
-    """The JSON Lines record of one finding (docs/audit-schema.md); audit_log adds ts, prev_hash and hash."""
-    record = {'schema': RECORD_SCHEMA, 'event': 'rogue_finding', 'run_id': run_id, 'host': host}
-    record.update(finding)
-    return record
 
 
 def syslog_message(finding):
@@ -512,16 +493,11 @@ def run(params, check_mode=False, snapshot=None):
         warnings.extend(report.get('warnings') or [])
     logged = {'log_path': 0, 'syslog': 0}
     if not check_mode and findings:
-        if params['log_path']:
-            run_id = str(uuid.uuid4())
-            host = socket.gethostname()
-            for finding in findings:
-                audit_log.append(params['log_path'], log_record(finding, run_id, host))
-                logged['log_path'] += 1
+        logged['log_path'] = rogue.log_findings(params['log_path'], findings)
         if params['syslog']:
             logged['syslog'] = send_syslog(findings, params['facility'])
     summary = rogue.summarize(findings, evaluated)
-    counts = ', '.join('%d %s' % (summary[level], level) for level in reversed(rogue.LEVELS))
+    counts = ', '.join('%d %s' % (summary[level], level) for level in reversed(ROGUE_LEVELS))
     if policy_result is not None:
         counts += '; %d policy violation(s)' % len(violations)
     result = {
@@ -539,28 +515,9 @@ def run(params, check_mode=False, snapshot=None):
 
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    respawn_if_needed(module)
-    if not HAS_PSUTIL:
-        module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
-    try:
-        result, warnings = run(module.params, check_mode=module.check_mode)
-    except watchdog.DriverHung as exc:
-        module.fail_json(msg=str(exc), driver_hung=exc.details)
-    except policy_mod.PolicyError as exc:
-        module.fail_json(msg='invalid policy: %s' % exc, source=exc.source, field=exc.field, value=str(exc.value))
-    except rogue.RulesError as exc:
-        module.fail_json(msg='invalid rogue rules: %s' % exc, file=exc.source, line=exc.line, field=exc.field)
-    except InvalidArgument as exc:
-        module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
-    except audit_log.AuditLogError as exc:
-        module.fail_json(msg=str(exc))
-    except GpuFleetError as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # pylint: disable=broad-except
-        module.fail_json(msg='gpu_audit failed: %s' % exc, exception=traceback.format_exc())
-    for warning in warnings:
-        module.warn(warning)
-    module.exit_json(**result)
+    result, warnings = run_module(module, 'gpu_audit', lambda m: run(m.params, check_mode=m.check_mode),
+                                  errors=((policy_mod.PolicyError, invalid_policy), (rogue.RulesError, invalid_rules)))
+    finish(module, dict(result, warnings=warnings))
 
 
 if __name__ == '__main__':

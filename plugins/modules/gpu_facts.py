@@ -35,19 +35,12 @@ extends_documentation_fragment:
   - gpufleet.reclaim._attributes.FACTS_MODULE
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
   - gpufleet.reclaim._attributes.DRIVER_TIMEOUT
+  - gpufleet.reclaim._selection
 attributes:
   platform:
     support: full
     platforms: posix
 options:
-  vendor:
-    description:
-      - Which vendor library to read.
-      - V(auto) reads every vendor whose library loads on the host.
-      - V(intel) reads GPUs driven by the i915 or xe kernel driver; V(apple) reads Apple Silicon GPUs on macOS.
-    type: str
-    default: auto
-    choices: [auto, nvidia, amd, intel, apple]
   gather_processes:
     description:
       - Join the driver's process lists with the host's process table and scan open files for other holders
@@ -62,8 +55,6 @@ options:
         or as a UUID.
       - A value that matches no GPU of the host fails the task.
       - Omit to report every GPU.
-    type: list
-    elements: str
   fail_on_no_gpu:
     description:
       - Fail when no GPU is found, naming each backend's reason.
@@ -422,23 +413,18 @@ ansible_facts:
               sample: [/dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm]
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import gpu_options, run_module
 
 
 def argument_spec():
     return dict(
-        vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
+        gpu_options(),
         gather_processes=dict(type='bool', default=True),
-        gpus=dict(type='list', elements='str'),
         fail_on_no_gpu=dict(type='bool', default=False),
-        driver_timeout=watchdog.option(),
     )
 
 
@@ -452,29 +438,19 @@ def no_gpu_message(facts):
     return 'No GPU found on this host (%s)' % '; '.join(reasons)
 
 
+def gather(module):
+    params = module.params
+    return take_snapshot(vendor=params['vendor'], gpus=params['gpus'], gather_processes=params['gather_processes'],
+                         driver_timeout=watchdog.check_timeout('driver_timeout', params['driver_timeout']))
+
+
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    respawn_if_needed(module)
-
-    if not HAS_PSUTIL:
-        module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
-
-    params = module.params
-    try:
-        snapshot = take_snapshot(vendor=params['vendor'], gpus=params['gpus'],
-                                 gather_processes=params['gather_processes'],
-                                 driver_timeout=watchdog.check_timeout('driver_timeout', params['driver_timeout']))
-    except watchdog.DriverHung as exc:
-        module.fail_json(msg=str(exc), driver_hung=exc.details)
-    except InvalidArgument as exc:
-        module.fail_json(msg=str(exc), field=exc.field, value=exc.value)
-    except GpuFleetError as exc:
-        module.fail_json(msg=str(exc))
-
+    snapshot = run_module(module, 'gpu_facts', gather)
     for warning in snapshot.unreadable:
         module.warn(warning)
     facts = snapshot.to_facts()
-    if params['fail_on_no_gpu'] and not snapshot.all_devices:
+    if module.params['fail_on_no_gpu'] and not snapshot.all_devices:
         module.fail_json(msg=no_gpu_message(facts), ansible_facts=dict(gpu=facts))
 
     module.exit_json(changed=False, ansible_facts=dict(gpu=facts))

@@ -21,7 +21,8 @@ description:
     reused pid is skipped, never signalled.
   - A call without any selector fails; O(gpus) and O(exclude_users) only narrow a selection. To empty whole
     GPUs, for example before a reset, use O(all_on_gpus=true).
-  - Every run that signals something is appended to a hash-chained JSON Lines log on the node (O(audit_log)).
+  - Every run that signals something is appended to a hash-chained JSON Lines log on the node (O(audit_log), which
+    V(none) also disables), with the selectors and options; command lines in it are redacted like RV(killed[].cmdline).
 author:
   - gpufleet.reclaim developers (!UNKNOWN)
 requirements:
@@ -34,6 +35,9 @@ extends_documentation_fragment:
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
   - gpufleet.reclaim._attributes.DRIVER_TIMEOUT
   - gpufleet.reclaim._attributes.ROGUE_DETECTOR
+  - gpufleet.reclaim._selection
+  - gpufleet.reclaim._protection
+  - gpufleet.reclaim._audit_log
 attributes:
   check_mode:
     support: full
@@ -64,8 +68,6 @@ options:
     description:
       - Only processes on these GPUs, each a host-wide index (see gpufleet.reclaim.gpu_facts) or a UUID.
       - A value that matches no GPU fails the task before anything is signalled.
-    type: list
-    elements: str
   users:
     description: Only processes of these users (login names).
     type: list
@@ -90,8 +92,11 @@ options:
       - Only processes that hold GPU memory while their GPU utilization stayed at or below O(idle_util_pct) for at least
         this long, for example V(30m) or V(2h).
       - Idleness is sampled. Each gpu_kill run with O(idle_for), check mode included, records one utilization sample
-        per GPU process in O(utilization_history). A process is idle since the oldest sample of the unbroken run of
-        idle samples that ends with the current one; an unknown sample breaks the run. The per-process figure is the
+        per GPU process in O(utilization_history), the usage history that the guard (role C(gpufleet.reclaim.guard))
+        also writes at every tick, so on a node that runs the guard its samples count as well. A process is idle since
+        the oldest sample of the unbroken run of idle samples that ends with the current one; an unknown sample breaks
+        the run. This is the same idleness rule as the guard policy's C(idle) rule, with O(idle_util_pct) as the
+        threshold and no memory floor or gap limit. The per-process figure is the
         driver's own per-process utilization (for NVIDIA the highest SM utilization in NVML's process utilization
         samples of the last 10 seconds; no sample means 0) where the driver has one, else the GPU's utilization when
         the process is alone on it; otherwise it is unknown and the process is never called idle.
@@ -167,43 +172,16 @@ options:
       - Memory still held then is reported in RV(unreleased) with the likely cause.
     type: float
     default: 15
-  protect_names:
-    description:
-      - Processes with these names (process name, executable basename or C(argv[0]) basename) are never signalled.
-      - A name protects only a process that an ordinary user could not have named so - one whose real, effective and saved
-        uids are system accounts (at most C(SYS_UID_MAX) of C(/etc/login.defs), else 999), executing a root-owned file
-        that group and others may not write, from directories only root may write. A user's process named C(sshd) is not
-        protected.
-      - Replaces the default list; include the defaults to extend it.
-    type: list
-    elements: str
-    default: [Xorg, X, Xwayland, gnome-shell, kwin_x11, kwin_wayland, gdm, gdm3, sddm, lightdm, WindowServer,
-              nvidia-persistenced, nv-hostengine, dcgm-exporter, dcgmi, nvidia-fabricmanager, sshd, systemd, init,
-              containerd, dockerd, kubelet, slurmd, slurmstepd]
-  protect_users:
-    description: Processes of these users are never signalled.
-    type: list
-    elements: str
-    default: []
-  vendor:
-    description: Which vendor library to read (V(auto) reads every one that loads).
-    type: str
-    default: auto
-    choices: [auto, nvidia, amd, intel, apple]
-  audit_log:
-    description:
-      - Absolute path of the JSON Lines file on the node that each run which signals something is appended to (who, when,
-        the selectors and options, and what happened to each process). Lines are hash-chained, so edits are detectable.
-      - Command lines in the log are redacted like RV(killed[].cmdline).
-      - An empty value or V(none) disables the log.
-    type: path
-    default: /var/log/gpufleet/actions.jsonl
   utilization_history:
     description:
-      - Absolute path of the file on the node that keeps the utilization samples for O(idle_for).
+      - Absolute path of the SQLite usage history on the node that keeps the utilization samples for O(idle_for);
+        by default the guard's (its C(history_path)), created (mode 0600) when missing. Concurrent runs and guard
+        ticks write it in transactions.
       - An empty value or V(none) disables it; O(idle_for) then fails.
+      - Earlier releases kept a JSON file, C(/var/lib/gpufleet/utilization.json); it is not read any more (the
+        idle clocks start again), and a path that names such a file is refused with a warning.
     type: path
-    default: /var/lib/gpufleet/utilization.json
+    default: /var/lib/gpufleet/history.db
 notes:
   - Never signalled, whatever the selectors say, in check mode or not - pid 0 and 1, the module's own process, its
     ancestors and its session, kernel threads, processes named in O(protect_names), processes of O(protect_users),
@@ -423,29 +401,24 @@ msg:
   sample: killed 2 process(es), skipped 0, failed 0; freed 24576 MiB
 """
 
-import traceback
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import HISTORY_PATH, ROGUE_LEVELS
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reclaim import SIGNALS, ReclaimOptions, reclaim
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import (
     RulesError, detector_argument_spec, detector_options, load_config, selector_detector)
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import ROGUE_LEVELS, Selector
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import Selector
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import printable
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import (
+    audit_log_option, finish, gpu_options, invalid_rules, protection_options, run_module)
 
 
 def argument_spec():
     # require_allocation and history_path (for rogue=true): detector_argument_spec(), as in gpu_audit
     return dict(
-        detector_argument_spec(),
+        detector_argument_spec(), **gpu_options(), **protection_options(), **audit_log_option(),
         pids=dict(type='list', elements='int'),
-        gpus=dict(type='list', elements='str'),
         users=dict(type='list', elements='str'),
         exclude_users=dict(type='list', elements='str'),
         name=dict(type='str'),
@@ -465,12 +438,7 @@ def argument_spec():
         force=dict(type='bool', default=False),
         tree=dict(type='bool', default=True),
         release_timeout=dict(type='float', default=15.0),
-        protect_names=dict(type='list', elements='str', default=list(DEFAULT_PROTECT_NAMES)),
-        protect_users=dict(type='list', elements='str', default=[]),
-        vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
-        audit_log=dict(type='path', default='/var/log/gpufleet/actions.jsonl'),
-        utilization_history=dict(type='path', default='/var/lib/gpufleet/utilization.json'),
-        driver_timeout=watchdog.option(),
+        utilization_history=dict(type='path', default=HISTORY_PATH),
     )
 
 
@@ -523,35 +491,22 @@ def module_result(result):
     return result
 
 
+def work(module):
+    selector, options = build(module.params)
+    # reclaim() selects (resolving gpus, failing on an unknown one) before anything is signalled.
+    return module_result(reclaim(selector, options, check_mode=module.check_mode))
+
+
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    respawn_if_needed(module)
-    if not HAS_PSUTIL:
-        module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
-    try:
-        selector, options = build(module.params)
-        # reclaim() selects (resolving gpus, failing on an unknown one) before anything is signalled.
-        result = module_result(reclaim(selector, options, check_mode=module.check_mode))
-    except watchdog.DriverHung as exc:
-        module.fail_json(msg=str(exc), driver_hung=exc.details)
-    except RulesError as exc:
-        module.fail_json(msg='invalid rogue rules: %s' % exc, file=exc.source, line=exc.line, field=exc.field)
-    except InvalidArgument as exc:
-        module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
-    except GpuFleetError as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # pylint: disable=broad-except
-        module.fail_json(msg='gpu_kill failed: %s' % exc, exception=traceback.format_exc())
-    for warning in result.pop('warnings', []):
-        module.warn(warning)
-    for entry in result['unreleased']:
-        module.warn('%d MiB on GPU %s did not come back within %s s: %s' % (
-            entry['unreleased_mib'], entry['gpu'], module.params['release_timeout'], entry['cause']))
+    result = run_module(module, 'gpu_kill', work, errors=((RulesError, invalid_rules),))
+    release_timeout = module.params['release_timeout']
+    result['warnings'] = result.get('warnings', []) + [
+        '%d MiB on GPU %s did not come back within %s s: %s' % (entry['unreleased_mib'], entry['gpu'], release_timeout, entry['cause'])
+        for entry in result['unreleased']]
     if module._diff:
         result['diff'] = diff(result)
-    if result['failed_processes']:
-        module.fail_json(**result)
-    module.exit_json(**result)
+    finish(module, result, failed=bool(result['failed_processes']))
 
 
 if __name__ == '__main__':

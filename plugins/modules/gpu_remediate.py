@@ -14,7 +14,7 @@ version_added: 0.2.0
 description:
   - Classifies every GPU from its Xid events, the driver's recovery action, orphaned memory and health (the
     C(xid_events), C(recovery_action) and C(health) facts of gpufleet.reclaim.gpu_facts), then per GPU takes the steps
-    of the ladder in order, each logged with its evidence in the audit log.
+    of the ladder in order, each appended with its evidence to the audit log (O(audit_log)).
   - C(kill_application) - an application Xid (13, 31, 43, ...) names the pid of the offending process; that process is
     terminated with the gpu_kill machinery (identity checked before every signal, protected processes never), only if
     it still runs on that GPU and started before the event.
@@ -40,6 +40,9 @@ extends_documentation_fragment:
   - gpufleet.reclaim._attributes
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
   - gpufleet.reclaim._attributes.DRIVER_TIMEOUT
+  - gpufleet.reclaim._selection
+  - gpufleet.reclaim._protection
+  - gpufleet.reclaim._audit_log
 attributes:
   check_mode:
     support: full
@@ -56,10 +59,6 @@ attributes:
     support: full
     platforms: posix
 options:
-  gpus:
-    description: Only these GPUs (indexes or UUIDs); default every GPU.
-    type: list
-    elements: str
   kill_application_xids:
     description: Terminate the process an application Xid names.
     type: bool
@@ -76,23 +75,6 @@ options:
     description: Seconds between SIGTERM and SIGKILL.
     type: float
     default: 10
-  protect_names:
-    description:
-      - Processes with these names are never terminated (replaces the default list).
-      - A name protects only a process that an ordinary user could not have named so - one whose real, effective and saved
-        uids are system accounts (at most C(SYS_UID_MAX) of C(/etc/login.defs), else 999), executing a root-owned file
-        that group and others may not write, from directories only root may write. A user's process named C(sshd) is not
-        protected.
-    type: list
-    elements: str
-    default: [Xorg, X, Xwayland, gnome-shell, kwin_x11, kwin_wayland, gdm, gdm3, sddm, lightdm, WindowServer,
-              nvidia-persistenced, nv-hostengine, dcgm-exporter, dcgmi, nvidia-fabricmanager, sshd, systemd, init,
-              containerd, dockerd, kubelet, slurmd, slurmstepd]
-  protect_users:
-    description: Processes of these users are never terminated.
-    type: list
-    elements: str
-    default: []
   stop_services:
     description:
       - Systemd units to stop around a reset and start again afterwards, or V(auto) - the units of the blocking
@@ -130,15 +112,6 @@ options:
     description: Where the handled events and the drain this module set are remembered.
     type: path
     default: /var/lib/gpufleet/remediation.json
-  vendor:
-    description: Which vendor library to read.
-    type: str
-    default: auto
-    choices: [auto, nvidia, amd, intel, apple]
-  audit_log:
-    description: JSON Lines audit log on the node; every step is appended with its evidence. Empty disables it.
-    type: path
-    default: /var/log/gpufleet/actions.jsonl
 seealso:
   - module: gpufleet.reclaim.gpu_reset
   - module: gpufleet.reclaim.gpu_kill
@@ -205,41 +178,25 @@ driver_hung:
   type: dict
 """
 
-import traceback
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.remediate import (
-    DEFAULT_REBOOT_FLAG, DEFAULT_STATE_PATH, RemediateOptions, remediate)
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import REBOOT_FLAG_PATH, REMEDIATION_STATE_PATH
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.remediate import RemediateOptions, remediate
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reset import module_host
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import (
+    audit_log_option, gpu_options, finish, protection_options, reset_options, run_module)
 
 
 def argument_spec():
     return dict(
-        gpus=dict(type='list', elements='str'),
+        **gpu_options(), **protection_options(), **audit_log_option(), **reset_options(),
         kill_application_xids=dict(type='bool', default=True),
         reset=dict(type='bool', default=True),
-        kill_processes=dict(type='bool', default=False),
-        kill_timeout=dict(type='float', default=10.0),
-        protect_names=dict(type='list', elements='str', default=list(DEFAULT_PROTECT_NAMES)),
-        protect_users=dict(type='list', elements='str', default=[]),
-        stop_services=dict(type='list', elements='str', default=[]),
-        orphan_threshold_mib=dict(type='int', default=1024),
-        verify_timeout=dict(type='float', default=60.0),
         drain=dict(type='bool', default=True),
         drain_command=dict(type='list', elements='str'),
         node_name=dict(type='str'),
-        reboot_flag=dict(type='path', default=DEFAULT_REBOOT_FLAG),
-        state_path=dict(type='path', default=DEFAULT_STATE_PATH),
-        vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
-        audit_log=dict(type='path', default='/var/log/gpufleet/actions.jsonl'),
-        driver_timeout=watchdog.option(),
+        reboot_flag=dict(type='path', default=REBOOT_FLAG_PATH),
+        state_path=dict(type='path', default=REMEDIATION_STATE_PATH),
     )
 
 
@@ -252,27 +209,14 @@ def build(params):
                             audit_path=params['audit_log'] or None, **kwargs)
 
 
+def work(module):
+    return remediate(build(module.params), module_host(module), check_mode=module.check_mode)
+
+
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    respawn_if_needed(module)
-    if not HAS_PSUTIL:
-        module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
-    try:
-        options = build(module.params)
-        result = remediate(options, module_host(module), check_mode=module.check_mode)
-    except watchdog.DriverHung as exc:
-        module.fail_json(msg=str(exc), driver_hung=exc.details)
-    except InvalidArgument as exc:
-        module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
-    except GpuFleetError as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # pylint: disable=broad-except
-        module.fail_json(msg='gpu_remediate failed: %s' % exc, exception=traceback.format_exc())
-    for warning in result.pop('warnings', []):
-        module.warn(warning)
-    if result['errors']:
-        module.fail_json(**result)
-    module.exit_json(**result)
+    result = run_module(module, 'gpu_remediate', work)
+    finish(module, result, failed=bool(result['errors']))
 
 
 if __name__ == '__main__':

@@ -53,6 +53,9 @@ extends_documentation_fragment:
   - gpufleet.reclaim._attributes
   - gpufleet.reclaim._attributes.ACTIONGROUP_GPU
   - gpufleet.reclaim._attributes.DRIVER_TIMEOUT
+  - gpufleet.reclaim._selection
+  - gpufleet.reclaim._protection
+  - gpufleet.reclaim._audit_log
 attributes:
   check_mode:
     support: full
@@ -79,8 +82,6 @@ options:
       - With O(when_needed=true), only those of these GPUs that need a reset.
       - A value that matches no GPU fails the task before anything is touched.
       - Mutually exclusive with O(all).
-    type: list
-    elements: str
   all:
     description: Reset every GPU of the node.
     type: bool
@@ -105,33 +106,14 @@ options:
       - Terminate the processes that use a GPU before resetting it, with the gpu_kill machinery (the same protection
         rules - O(protect_names), O(protect_users), the module's own process tree; SIGTERM, then SIGKILL after
         O(kill_timeout) seconds; children included).
-      - Without it a GPU with any process on it is refused, and the processes are named.
+      - Without it a GPU with any process on it is refused, and the processes are named. A GPU that a process protected by
+        O(protect_names) or O(protect_users) uses is refused in any case.
     type: bool
     default: false
   kill_timeout:
     description: Seconds between SIGTERM and SIGKILL when O(kill_processes=true).
     type: float
     default: 10
-  protect_names:
-    description:
-      - Processes with these names are never terminated; a GPU they use is refused.
-      - A name protects only a process that an ordinary user could not have named so - one whose real, effective and saved
-        uids are system accounts (at most C(SYS_UID_MAX) of C(/etc/login.defs), else 999), executing a root-owned file
-        that group and others may not write, from directories only root may write. A user's process named C(sshd) is not
-        protected.
-      - Replaces the default list; include the defaults to extend it.
-      - The blocking clients (C(nvidia-persistenced), C(nv-hostengine), C(dcgm-exporter), C(Xorg)) are never terminated
-        in any case; stop them with O(stop_services).
-    type: list
-    elements: str
-    default: [Xorg, X, Xwayland, gnome-shell, kwin_x11, kwin_wayland, gdm, gdm3, sddm, lightdm, WindowServer,
-              nvidia-persistenced, nv-hostengine, dcgm-exporter, dcgmi, nvidia-fabricmanager, sshd, systemd, init,
-              containerd, dockerd, kubelet, slurmd, slurmstepd]
-  protect_users:
-    description: Processes of these users are never terminated; a GPU they use is refused.
-    type: list
-    elements: str
-    default: []
   stop_services:
     description:
       - Systemd units to stop before the reset (those that are active) and to start again afterwards, whatever happened,
@@ -157,17 +139,10 @@ options:
     description: Seconds to wait after the reset for the GPU to answer again with health C(ok) and no orphaned memory.
     type: float
     default: 60
-  vendor:
-    description: Which vendor library to read (V(auto) reads every one that loads).
-    type: str
-    default: auto
-    choices: [auto, nvidia, amd, intel, apple]
-  audit_log:
-    description: JSON Lines file on the node that each GPU the module acted on is appended to. An empty value disables it.
-    type: path
-    default: /var/log/gpufleet/actions.jsonl
 notes:
   - The module's own NVML session is closed before any reset (the C(nvml_session) precondition asserts it).
+  - The blocking clients (C(nvidia-persistenced), C(nv-hostengine), C(dcgm-exporter), C(Xorg)) are never terminated,
+    whatever O(protect_names) says; stop them with O(stop_services).
   - Blocking clients are found by the names of the processes that hold the GPU's device files or the shared
     control device (C(/dev/nvidiactl)).
   - The order for one GPU is - persistence mode off, drain, terminate the processes, reset, verify, undo the drain,
@@ -381,35 +356,19 @@ msg:
   sample: "reset 1 GPU(s): 1 (verified)"
 """
 
-import traceback
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.killer import DEFAULT_PROTECT_NAMES
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reset import ResetOptions, module_host, reset
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.node_python import respawn_if_needed
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import (
+    audit_log_option, gpu_options, finish, protection_options, reset_options, run_module)
 
 
 def argument_spec():
     return dict(
-        gpus=dict(type='list', elements='str'),
+        **gpu_options(), **protection_options(), **audit_log_option(), **reset_options(),
         all=dict(type='bool', default=False),
         when_needed=dict(type='bool', default=False),
-        orphan_threshold_mib=dict(type='int', default=1024),
-        kill_processes=dict(type='bool', default=False),
-        kill_timeout=dict(type='float', default=10.0),
-        protect_names=dict(type='list', elements='str', default=list(DEFAULT_PROTECT_NAMES)),
-        protect_users=dict(type='list', elements='str', default=[]),
-        stop_services=dict(type='list', elements='str', default=[]),
         drain=dict(type='bool', default=False),
-        verify_timeout=dict(type='float', default=60.0),
-        vendor=dict(type='str', default='auto', choices=list(VENDOR_CHOICES)),
-        audit_log=dict(type='path', default='/var/log/gpufleet/actions.jsonl'),
-        driver_timeout=watchdog.option(),
     )
 
 
@@ -422,27 +381,14 @@ def build(params):
                         verify_timeout=params['verify_timeout'], vendor=params['vendor'], audit_path=params['audit_log'] or None)
 
 
+def work(module):
+    return reset(build(module.params), module_host(module), check_mode=module.check_mode)
+
+
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    respawn_if_needed(module)
-    if not HAS_PSUTIL:
-        module.fail_json(msg=missing_required_lib('psutil'), exception=PSUTIL_IMPORT_ERROR)
-    try:
-        options = build(module.params)
-        result = reset(options, module_host(module), check_mode=module.check_mode)
-    except watchdog.DriverHung as exc:
-        module.fail_json(msg=str(exc), driver_hung=exc.details)
-    except InvalidArgument as exc:
-        module.fail_json(msg=str(exc), field=exc.field, value=str(exc.value))
-    except GpuFleetError as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # pylint: disable=broad-except
-        module.fail_json(msg='gpu_reset failed: %s' % exc, exception=traceback.format_exc())
-    for warning in result.pop('warnings', []):
-        module.warn(warning)
-    if result['failed_gpus']:
-        module.fail_json(**result)
-    module.exit_json(**result)
+    result = run_module(module, 'gpu_reset', work)
+    finish(module, result, failed=bool(result['failed_gpus']))
 
 
 if __name__ == '__main__':

@@ -10,11 +10,11 @@
 
 1. takes an exclusive, non-blocking lock, so two ticks never overlap (a second one returns at once);
 2. loads the policy (an invalid one: nothing is decided, the error is logged, exit code 1);
-3. loads the state (``state.json``: idle clocks, when each violation was first seen, which
+3. loads the state (``state.json``: when each violation was first seen, which
    warnings went out, counters); a missing or corrupt file is rebuilt with a logged warning,
    which restarts every escalation from its first warning: never a kill without warnings;
-4. takes one snapshot, appends it to the SQLite usage history, advances the idle clocks,
-   evaluates the policy (and the rogue detector when the policy enables it);
+4. takes one snapshot, appends it to the SQLite usage history, derives the idle clocks from the
+   history (idle.py: the one idleness rule; they are not kept in the state), evaluates the policy (and the rogue detector when the policy enables it);
 5. escalates: first warning when a violation is first seen, more warnings on schedule, the
    action once the grace has passed and every warning went out in an earlier tick;
 6. acts through core reclaim (identity checked again before every signal, SIGTERM then SIGKILL)
@@ -139,11 +139,12 @@ def escalate(violations, state, now, policy):
 
 
 # ============================================================================ actions
-def decide(policy, snapshot, state, now, context):
-    """The decision step of a tick (and of ``dry_run``): advance the idle clocks, evaluate the policy,
-    escalate.  Returns (new state, violations, notes, decisions); the escalation is recorded in the
-    new state, which the caller saves or drops."""
-    state = policy_mod.observe(policy, snapshot, state, now, context)
+def decide(policy, snapshot, state, now, context, samples=None):
+    """The decision step of a tick (and of ``dry_run``): derive the idle clocks from ``samples`` (the
+    usage history, see history_samples), evaluate the policy, escalate.  Returns (new state,
+    violations, notes, decisions); the escalation is recorded in the new state, which the caller
+    saves or drops."""
+    state = policy_mod.observe(policy, snapshot, state, now, context, samples)
     violations, notes = policy_mod.evaluate_detailed(policy, snapshot, state, now, context)
     return state, violations, notes, escalate(violations, state, now, policy)
 
@@ -333,23 +334,34 @@ def violation_dict(violation, patterns):
     return item
 
 
-def record_history(paths, snapshot, now, settings, patterns=None):
-    """Append the snapshot to the SQLite usage history, command lines redacted by ``patterns`` (the
-    policy's; None: the defaults); returns a warning or None (never raises)."""
+def history_samples(paths, snapshot, now, settings, patterns=None, write=True):
+    """The usage history the idleness rule reads the idle clocks from: with ``write``, the snapshot
+    appended first, command lines redacted by ``patterns`` (the policy's; None: the defaults) - a
+    history.SampleStore; without, read only - a HistoryReader, or None when there is none.
+    Returns (store or None, warning or None); never raises.  The caller closes the store."""
     if not paths.history:
-        return None
+        return None, None
     try:
         from . import history  # pylint: disable=import-outside-toplevel
     except ImportError:
-        return 'the usage history is not available in this build; no sample recorded'
+        return None, 'the usage history is not available in this build; no sample recorded'
+    store = None
     try:
-        kwargs = {}
-        if settings.history_retention_days:
-            kwargs['retention_days'] = settings.history_retention_days
-        history.record_samples(paths.history, snapshot, now, patterns=patterns, **kwargs)
+        if not write:
+            return (history.HistoryReader(paths.history) if os.path.isfile(paths.history) else None), None
+        store = history.SampleStore(paths.history)
+        store.record(snapshot, now, patterns=patterns,
+                     retention_days=settings.history_retention_days or history.DEFAULT_RETENTION_DAYS)
     except Exception as exc:  # pylint: disable=broad-except
-        return 'could not record the usage history in %s: %s' % (paths.history, exc)
-    return None
+        # an open store still gives the idle clocks its earlier samples
+        return store, 'could not %s the usage history in %s: %s' % ('record' if write else 'read', paths.history, exc)
+    return store, None
+
+
+def _close_samples(samples, warnings):
+    if samples is not None:
+        warnings.extend(samples.problems)
+        samples.close()
 
 
 def _log(paths, record, warnings):
@@ -515,17 +527,19 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         except (watchdog.DriverHung, watchdog.DriverCrashed) as exc:
             return _driver_failed(paths, summary, exc, write, wall0, cpu0, state.get('counters') or {})
     warnings.extend(snapshot.errors)
-    if write:
-        problem = record_history(paths, snapshot, now, settings, policy.notify.redact_patterns)
-        if problem:
-            warnings.append(problem)
-    exe_hashes = None
-    if context is None:
-        # executables' digests are kept across ticks (exe_hash): most ticks read no executable
-        exe_hashes = ExeHashes(state.get('exe_hashes'))
-        more, context = build_context(policy, snapshot, paths, settings, exe_hashes=exe_hashes)
-        warnings.extend(more)
-    state, violations, notes, decisions = decide(policy, snapshot, state, now, context)
+    samples, problem = history_samples(paths, snapshot, now, settings, policy.notify.redact_patterns, write)
+    if problem:
+        warnings.append(problem)
+    try:
+        exe_hashes = None
+        if context is None:
+            # executables' digests are kept across ticks (exe_hash): most ticks read no executable
+            exe_hashes = ExeHashes(state.get('exe_hashes'))
+            more, context = build_context(policy, snapshot, paths, settings, exe_hashes=exe_hashes)
+            warnings.extend(more)
+        state, violations, notes, decisions = decide(policy, snapshot, state, now, context, samples)
+    finally:
+        _close_samples(samples, warnings)
     if exe_hashes is not None:
         state['exe_hashes'] = exe_hashes.entries
     patterns = policy.notify.redact_patterns
@@ -688,8 +702,9 @@ def preview(paths, settings, now=None, snapshot=None, context=None, dev_roots=No
 def dry_run(policy, snapshot, paths, settings=None, now=None):
     """What enforcement of ``policy`` would do about ``snapshot`` now, without writing anything.
 
-    The guard's state (idle clocks, escalation progress) is read when ``paths.state`` exists, never
-    written.  Returns (violations, notes, warnings): each violation is ``Violation.to_dict()`` plus
+    The guard's state (escalation progress) is read when ``paths.state`` exists, and the idle clocks
+    are derived from the usage history when ``paths.history`` exists; neither is written.
+    Returns (violations, notes, warnings): each violation is ``Violation.to_dict()`` plus
     ``enforcement`` = {mode, next (warn, act or wait), step, act_in, would}.  Used by gpu_audit policy=.
     """
     now = time.time() if now is None else float(now)
@@ -700,7 +715,13 @@ def dry_run(policy, snapshot, paths, settings=None, now=None):
         warnings.append(problem)
     more, context = build_context(policy, snapshot, paths, settings, exe_hashes=ExeHashes(state.get('exe_hashes')))
     warnings.extend(more)
-    _state, violations, notes, decisions = decide(policy, snapshot, state, now, context)
+    samples, problem = history_samples(paths, snapshot, now, settings, write=False)
+    if problem:
+        warnings.append(problem)
+    try:
+        _state, violations, notes, decisions = decide(policy, snapshot, state, now, context, samples)
+    finally:
+        _close_samples(samples, warnings)
     decided = dict((d.key, d) for d in decisions if d.violation is not None)
     mode = settings.mode or policy.mode
     out = []

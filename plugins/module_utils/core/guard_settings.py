@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from . import constants, notify as notify_mod, policy as policy_mod, safe_files, watchdog
+from .validation import Errors, boolean, in_range, join, unknown_key
 
 # The files of the agent, by Paths attribute (constants.py holds each default once).
 DEFAULT_PATHS = {
@@ -27,9 +28,9 @@ DEFAULT_PATHS = {
     'history': constants.HISTORY_PATH,
     'allocations': constants.ALLOCATIONS_PATH,
 }
-SETTINGS_KEYS = ('vendor', 'policy_path', 'metrics_path', 'history_path', 'state_path', 'log_path', 'audit_log_path',
-                 'lock_path', 'webhook_url', 'webhook_allow_http', 'webhook_timeout', 'release_timeout',
-                 'history_retention_days', 'driver_timeout')
+SETTINGS_KEYS = ('audit_log_path', 'driver_timeout', 'history_path', 'history_retention_days', 'lock_path', 'log_path',
+                 'metrics_path', 'policy_path', 'release_timeout', 'state_path', 'vendor', 'webhook_allow_http',
+                 'webhook_timeout', 'webhook_url')   # sorted: the order the validator lists them in
 
 
 class Paths(object):
@@ -95,39 +96,32 @@ def load_settings(path, paths):
         return settings
     if not isinstance(data, dict):
         raise policy_mod.PolicyError([('', data, 'the settings are a mapping')], path, what='settings')
-    errors = []
+    errors = Errors()
     allow_http = False
     for key, value in data.items():
         if key not in SETTINGS_KEYS:
-            errors.append((key, value, 'unknown setting; expected one of %s' % ', '.join(SETTINGS_KEYS)))
+            errors.add(join('', key), value, unknown_key(key, SETTINGS_KEYS, 'setting'))
         elif key == 'policy_path' and value in (None, ''):
-            errors.append((key, value, 'expected the absolute path of the policy file (the policy cannot be turned off)'))
+            errors.add(key, value, 'expected the absolute path of the policy file (the policy cannot be turned off)')
         elif key.endswith('_path'):
             if value not in (None, '') and (not isinstance(value, str) or not value.startswith('/')):
-                errors.append((key, value, 'expected an absolute path (or an empty value to turn it off)'))
+                errors.add(key, value, 'expected an absolute path (or an empty value to turn it off)')
             else:
                 setattr(paths, key[:-5], value or None)
         elif key == 'vendor':
             if value not in constants.VENDOR_CHOICES:
-                errors.append((key, value, 'expected %s or %s' % (', '.join(constants.VENDOR_CHOICES[:-1]), constants.VENDOR_CHOICES[-1])))
+                errors.add(key, value, 'expected %s or %s' % (', '.join(constants.VENDOR_CHOICES[:-1]), constants.VENDOR_CHOICES[-1]))
             settings.vendor = value
         elif key == 'webhook_url':
             settings.webhook_url = value if value not in (None, '') else None
         elif key == 'webhook_allow_http':
-            if value is not None and not isinstance(value, bool):
-                errors.append((key, value, 'expected true or false'))
-                allow_http = None
-            else:
-                allow_http = bool(value)
-        elif value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3650:
-                errors.append((key, value, 'expected a positive number'))
-            else:
-                setattr(settings, key, float(value) if key != 'history_retention_days' else int(value))
+            allow_http = False if value is None else errors.run(boolean, value, key)
+        elif value is not None and errors.run(in_range, value, key, 0, 3650, False, 'expected a positive number', True) is not None:
+            setattr(settings, key, float(value) if key != 'history_retention_days' else int(value))
     url = settings.webhook_url
     why = None if url is None or allow_http is None else notify_mod.webhook_url_problem(url, allow_http, 'webhook_allow_http')
     if why:
-        errors.append(('webhook_url', (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why))
-    if errors:
-        raise policy_mod.PolicyError(errors, path, lines, what='settings')
+        errors.add('webhook_url', (notify_mod.redact_url(url) or '<redacted>') if isinstance(url, str) else url, why)
+    if errors.items:
+        raise policy_mod.PolicyError(errors.items, path, lines, what='settings')
     return settings

@@ -4,7 +4,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
 # PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
-"""The guard tick's lock and its state file (``state.json``: idle clocks, escalations, counters).
+"""The guard tick's lock and its state file (``state.json``: escalations, counters; the idle clocks
+are derived from the usage history at every tick and not kept here).
 Importable from guard as before.
 """
 
@@ -58,7 +59,7 @@ class TickLock(object):
 
 
 def new_state(now):
-    return {'version': STATE_VERSION, 'created': now, 'idle': {}, 'violations': {},
+    return {'version': STATE_VERSION, 'created': now, 'violations': {},
             'counters': {'ticks': 0, 'state_rebuilt': 0, 'warnings': {}, 'kills': {}, 'actions': {}, 'failures': {},
                          'notify_failures': {}}}
 
@@ -66,7 +67,7 @@ def new_state(now):
 def _valid_state(data):
     if not isinstance(data, dict) or data.get('version') != STATE_VERSION:
         return 'not a version %d state' % STATE_VERSION
-    for key in ('idle', 'violations', 'counters'):
+    for key in ('violations', 'counters'):
         if not isinstance(data.get(key), dict):
             return '"%s" is missing or not an object' % key
     for key, entry in data['violations'].items():
@@ -75,9 +76,6 @@ def _valid_state(data):
             return 'violation entry %r is malformed' % key
         if any(entry.get(name) is not None and not is_number(entry.get(name)) for name in ('acted_at', 'gone_since')):
             return 'violation entry %r is malformed' % key
-    for key, clock in data['idle'].items():
-        if not isinstance(clock, dict) or not is_number(clock.get('since')):
-            return 'idle clock %r is malformed' % key
     return None
 
 
@@ -106,6 +104,8 @@ def load_state(path, now):
         rebuilt = counters.get('state_rebuilt') if isinstance(counters, dict) else None
         state['counters']['state_rebuilt'] = (rebuilt if isinstance(rebuilt, int) and not isinstance(rebuilt, bool) else 0) + 1
         return state, 'state file %s is corrupt (%s); rebuilt: escalations restart from their first warning' % (path, why)
+    for key in ('idle', 'idle_sampled_at'):  # the idle clocks an earlier release kept here
+        data.pop(key, None)
     data.setdefault('counters', {})
     for key in ('warnings', 'kills', 'actions', 'failures', 'notify_failures', 'user_actions'):
         if not isinstance(data['counters'].get(key), dict):
@@ -117,6 +117,8 @@ def save_state(path, state):
     """Write the state atomically (temp file, fsync, rename), mode 0600.
 
     Temporary files that a tick killed halfway through its write left behind are removed first
-    (only a tick writes the state, and ticks hold the lock, so no other writer owns one)."""
+    (only a tick writes the state, and ticks hold the lock, so no other writer owns one).  The idle
+    clocks (``idle``, derived from the usage history at every tick) are not saved."""
+    state = dict((key, value) for key, value in state.items() if key != 'idle')
     text = json.dumps(state, sort_keys=True, separators=(',', ':'), default=str)
     safe_files.write_atomic(path, text, mode=0o600, dir_mode=0o750, remove_stale=True)

@@ -4,15 +4,17 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
 # PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
-"""GPU usage history in SQLite: one writer (``record_samples``, called by the guard's ticks) and
-one reader (``HistoryReader``: per-process series for the rogue detector, usage reports for
-gpu_audit).
+"""GPU usage history in SQLite, the one sample store: one writer (``record_samples``, called by the
+guard's ticks and by gpu_kill runs with ``idle_for``, through ``SampleStore``) and one reader
+(``HistoryReader``: per-process series for the rogue detector, usage reports for gpu_audit).  The
+idleness rule (``idle.py``) reads a process's samples from either (``process_samples``).
 
 Each call of ``record_samples`` appends one row per (GPU process, GPU) and one row per GPU, all
 with the same ``ts``.  ``interval_s`` says how many seconds the sample stands for: the caller's
 tick interval, else the time since the previous sample (capped at ``max_gap_s``, so a guard that
 was stopped for a day does not credit a day).  GPU-hours are sums of ``interval_s``.  Rows older
-than ``retention_days`` are deleted by the writer; the reader opens the file read-only and never
+than ``retention_days`` are deleted by the writer (a writer that names none keeps the stored
+one: a gpu_kill run never shortens the guard's retention); the reader opens the file read-only and never
 creates or changes it.  docs/audit-schema.md documents the schema.
 """
 
@@ -26,14 +28,16 @@ from urllib.parse import quote
 from . import notify, safe_files
 from .constants import HISTORY_PATH as DEFAULT_PATH
 from .errors import HistoryError
+from .idle import REPORT_MEM_MIN_MIB, IdleRule, gpu_utilization
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: the covering index samples_idle (the idleness rule's reads) replaces samples_proc
 DEFAULT_RETENTION_DAYS = 30
 MAX_RETENTION_DAYS = 3660
 DEFAULT_INTERVAL_S = 60.0
 DEFAULT_MAX_GAP_S = 600.0
 MAX_CMDLINE = 4096
 BUSY_TIMEOUT_S = 10.0
+SQLITE_MAGIC = b'SQLite format 3\x00'
 
 SCHEMA = (
     'CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)',
@@ -42,22 +46,13 @@ SCHEMA = (
     ' pid INTEGER NOT NULL, starttime INTEGER, user TEXT, name TEXT, cmdline TEXT,'
     ' used_mib INTEGER, util_pct REAL)',
     'CREATE INDEX IF NOT EXISTS samples_ts ON samples (ts)',
-    'CREATE INDEX IF NOT EXISTS samples_proc ON samples (pid, starttime, ts)',
+    'CREATE INDEX IF NOT EXISTS samples_idle ON samples (pid, starttime, ts, util_pct, used_mib)',
+    'DROP INDEX IF EXISTS samples_proc',
     'CREATE TABLE IF NOT EXISTS gpu_samples ('
     ' ts REAL NOT NULL, interval_s REAL NOT NULL, gpu_index INTEGER NOT NULL, gpu_uuid TEXT,'
     ' util_pct REAL, memory_used_mib INTEGER, memory_total_mib INTEGER, process_count INTEGER)',
     'CREATE INDEX IF NOT EXISTS gpu_samples_ts ON gpu_samples (ts)',
 )
-
-
-def _gpu_util(proc, dev):
-    """Per-(process, GPU) utilization: the driver's own figure, else the GPU's when the process is alone on it."""
-    value = getattr(proc, 'util_pct', None)
-    if value is not None:
-        return float(value)
-    if dev is None or dev.utilization_pct is None or len(dev.driver_processes) != 1:
-        return None
-    return float(dev.utilization_pct)
 
 
 def _connect_rw(path):
@@ -69,8 +64,12 @@ def _connect_rw(path):
         fd = safe_files.open_checked(path, os.O_RDWR | os.O_CREAT, 0o600, dir_mode=0o750)
         try:
             checked = os.fstat(fd)
+            head = os.pread(fd, len(SQLITE_MAGIC), 0)
         finally:
             os.close(fd)
+        if head and head != SQLITE_MAGIC[:len(head)]:
+            raise HistoryError('the usage history %s is not an SQLite database (a JSON utilization file of an earlier'
+                               ' release? move it away: the history starts again)' % path)
         conn = sqlite3.connect('file:%s?mode=rw' % quote(os.path.abspath(path)), uri=True, timeout=BUSY_TIMEOUT_S,
                                isolation_level=None)
         try:
@@ -96,24 +95,25 @@ def init_schema(conn):
         for statement in SCHEMA:
             conn.execute(statement)
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    if row is None:
-        conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    if row is None or (str(row[0]).isdigit() and int(row[0]) < SCHEMA_VERSION):
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
     elif not str(row[0]).isdigit():
         raise HistoryError('the usage history is corrupt: schema version %r' % (row[0],))
     elif int(row[0]) > SCHEMA_VERSION:
         raise HistoryError('the usage history has schema version %s; this release understands up to %d' % (row[0], SCHEMA_VERSION))
 
 
-def record_samples(db, snapshot, now=None, interval_s=None, retention_days=DEFAULT_RETENTION_DAYS, max_gap_s=DEFAULT_MAX_GAP_S,
+def record_samples(db, snapshot, now=None, interval_s=None, retention_days=None, max_gap_s=DEFAULT_MAX_GAP_S,
                    host=None, patterns=None):
     """Append one sample of ``snapshot`` to the history ``db`` (a path or an sqlite3 connection).
 
     Returns ``{'ts', 'interval_s', 'rows', 'pruned'}``.  Raises HistoryError when the database
-    cannot be written.  ``host`` is recorded in meta (one database per node).  Command lines are
+    cannot be written.  ``retention_days`` None: the stored one, else DEFAULT_RETENTION_DAYS.
+    ``host`` is recorded in meta (one database per node).  Command lines are
     stored redacted by ``patterns`` (the policy's ``notify.redact_patterns``; None: the defaults).
     """
     now = time.time() if now is None else float(now)
-    if isinstance(retention_days, bool) or not 0 < retention_days <= MAX_RETENTION_DAYS:
+    if retention_days is not None and (isinstance(retention_days, bool) or not 0 < retention_days <= MAX_RETENTION_DAYS):
         raise HistoryError('history_retention_days must be from 1 to %d, got %r' % (MAX_RETENTION_DAYS, retention_days))
     patterns = notify.default_patterns() if patterns is None else patterns
     # redacted before the write lock is taken; '...' marks a cut command line (MAX_CMDLINE in all)
@@ -124,6 +124,8 @@ def record_samples(db, snapshot, now=None, interval_s=None, retention_days=DEFAU
         conn.execute('BEGIN IMMEDIATE')
         try:
             init_schema(conn)
+            if retention_days is None:
+                retention_days = _stored_retention(conn)
             if interval_s is None:
                 last = conn.execute('SELECT MAX(ts) FROM gpu_samples WHERE ts < ?', (now,)).fetchone()[0]
                 interval_s = DEFAULT_INTERVAL_S if last is None else min(max(0.0, now - last), float(max_gap_s))
@@ -134,7 +136,7 @@ def record_samples(db, snapshot, now=None, interval_s=None, retention_days=DEFAU
                 for index in proc.gpu_indexes:
                     dev = by_index.get(index)
                     rows.append((now, interval_s, index, dev.uuid if dev else None, proc.pid, proc.starttime, proc.user,
-                                 proc.name, cmdline, proc.used_mib_by_gpu.get(index), _gpu_util(proc, dev)))
+                                 proc.name, cmdline, proc.used_mib_by_gpu.get(index), gpu_utilization(proc, dev)))
             conn.executemany('INSERT INTO samples (ts, interval_s, gpu_index, gpu_uuid, pid, starttime, user, name, cmdline,'
                              ' used_mib, util_pct) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', rows)
             gpu_rows = [(now, interval_s, dev.index, dev.uuid, dev.utilization_pct, dev.memory_used_mib, dev.memory_total_mib,
@@ -159,11 +161,67 @@ def record_samples(db, snapshot, now=None, interval_s=None, retention_days=DEFAU
     return {'ts': now, 'interval_s': interval_s, 'rows': len(rows), 'pruned': pruned}
 
 
+def _stored_retention(conn):
+    row = conn.execute("SELECT value FROM meta WHERE key = 'retention_days'").fetchone()
+    try:
+        days = int(float(row[0])) if row is not None else DEFAULT_RETENTION_DAYS
+    except (TypeError, ValueError):
+        days = DEFAULT_RETENTION_DAYS
+    return days if 0 < days <= MAX_RETENTION_DAYS else DEFAULT_RETENTION_DAYS
+
+
+def process_samples(conn, pid, starttime, before, problems=None):
+    """The samples of one process (pid, starttime) taken before ``before``, newest first, as the
+    idleness rule reads them: ``(ts, util_pct, used_mib)``, one per sample time over all its GPUs
+    (the highest utilization; the memory summed; None when one GPU's figure is unknown).  Lazy: the
+    rule reads only as far back as the idle run goes.  A read error ends the samples (the run is
+    then shorter, never longer) and is appended to ``problems``."""
+    try:
+        yield from conn.execute(
+            'SELECT ts, CASE WHEN COUNT(util_pct) = COUNT(*) THEN MAX(util_pct) END,'
+            ' CASE WHEN COUNT(used_mib) = COUNT(*) THEN SUM(used_mib) END FROM samples'
+            ' WHERE pid = ? AND starttime = ? AND ts < ? GROUP BY ts ORDER BY ts DESC', (pid, starttime, before))
+    except sqlite3.Error as exc:
+        if problems is not None and len(problems) < 5:
+            problems.append('could not read the idle samples of process %s from the usage history: %s' % (pid, exc))
+
+
+class SampleStore(object):
+    """The history opened for writing (as ``record_samples`` opens it: created 0600, never through
+    a link, checked on its descriptor): one sample recorded, then read back by the idleness rule
+    over the same connection.  A context manager; ``close()`` closes it."""
+
+    def __init__(self, path=DEFAULT_PATH):
+        self.path = path
+        self.problems = []
+        self.conn = _connect_rw(path)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def record(self, snapshot, now, **kwargs):
+        """``record_samples`` into this store (same keyword arguments)."""
+        return record_samples(self.conn, snapshot, now, **kwargs)
+
+    def process_samples(self, pid, starttime, before):
+        return process_samples(self.conn, pid, starttime, before, self.problems)
+
+
 class HistoryReader(object):
     """Read-only access to a history database (never creates or changes the file)."""
 
     def __init__(self, path=DEFAULT_PATH):
         self.path = path
+        self.problems = []
         if not os.path.isfile(path):
             raise HistoryError('no usage history at %s (the guard writes it; see gpufleet.reclaim.guard)' % path)
         try:
@@ -187,6 +245,9 @@ class HistoryReader(object):
             self.conn.close()
             self.conn = None
 
+    def process_samples(self, pid, starttime, before):
+        return process_samples(self.conn, pid, starttime, before, self.problems)
+
     def series(self, pid, starttime, since):
         """([(ts, util_pct)], [(ts, used_mib)]) of one process since ``since``, one point per sample time."""
         rows = self.conn.execute(
@@ -201,6 +262,9 @@ class HistoryReader(object):
         now = time.time() if now is None else float(now)
         since = now - float(hours) * 3600.0
         conn = self.conn
+        # the idleness rule, one (sample time, user or process, GPU) at a time: known utilization at or
+        # below idle_util_pct while memory is held (unknown memory counts as none)
+        idle, idle_params = IdleRule(idle_util_pct, REPORT_MEM_MIN_MIB).sql('CASE WHEN known = n THEN maxu END', 'mib')
         try:
             samples = conn.execute('SELECT COUNT(DISTINCT ts), MIN(ts), MAX(ts) FROM gpu_samples WHERE ts > ? AND ts <= ?',
                                    (since, now)).fetchone()
@@ -211,8 +275,8 @@ class HistoryReader(object):
                 ' FROM samples WHERE ts > ? AND ts <= ? GROUP BY ts, user, gpu_index')
             users = conn.execute(
                 'SELECT user, SUM(iv) / 3600.0,'
-                ' SUM(CASE WHEN mib > 0 AND known = n AND maxu <= ? THEN iv ELSE 0 END) / 3600.0,'
-                ' COUNT(DISTINCT gpu_index) FROM (%s) GROUP BY user' % per_user_gpu, (idle_util_pct, since, now)).fetchall()
+                ' SUM(CASE WHEN %s THEN iv ELSE 0 END) / 3600.0,'
+                ' COUNT(DISTINCT gpu_index) FROM (%s) GROUP BY user' % (idle, per_user_gpu), idle_params + [since, now]).fetchall()
             peaks = dict(conn.execute(
                 'SELECT user, MAX(total) FROM (SELECT ts, user, SUM(COALESCE(used_mib, 0)) AS total FROM samples'
                 ' WHERE ts > ? AND ts <= ? GROUP BY ts, user) GROUP BY user', (since, now)).fetchall())
@@ -225,9 +289,9 @@ class HistoryReader(object):
                 ' FROM samples WHERE ts > ? AND ts <= ? GROUP BY pid, starttime, ts')
             procs = conn.execute(
                 'SELECT pid, starttime, SUM(iv * gpus) / 3600.0,'
-                ' SUM(CASE WHEN mib > 0 AND known = n AND maxu <= ? THEN iv * gpus ELSE 0 END) / 3600.0,'
+                ' SUM(CASE WHEN %s THEN iv * gpus ELSE 0 END) / 3600.0,'
                 ' MAX(mib), AVG(maxu), MIN(ts), MAX(ts) FROM (%s) GROUP BY pid, starttime'
-                ' ORDER BY 3 DESC, 5 DESC, pid LIMIT ?' % per_proc, (idle_util_pct, since, now, int(top))).fetchall()
+                ' ORDER BY 3 DESC, 5 DESC, pid LIMIT ?' % (idle, per_proc), idle_params + [since, now, int(top)]).fetchall()
             top_processes = []
             for pid, starttime, gpu_hours, idle_hours, peak, mean_util, first, last in procs:
                 row = conn.execute(

@@ -4,136 +4,113 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
 # PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
-"""Sampled GPU utilization per process, kept between runs, for "idle for 30 minutes" decisions.
+"""The one idleness rule: since when a process has held GPU memory without using the GPU.
 
 No driver keeps a per-process utilization history long enough to say that a process has been
-idle for half an hour, so we keep one.  Every gpu_kill run with ``idle_for`` (check mode
-included) appends one sample per GPU process to a small JSON file.  A process is idle since the oldest sample of the unbroken run of samples, ending
-with the newest, whose utilization is at or below the threshold.  A process with no known
-utilization, or whose history does not reach back far enough, is never called idle.
+idle for half an hour, so the usage history (``history.py``, SQLite, written by every guard tick
+and by every gpu_kill run with ``idle_for``) keeps the samples, and this module decides from them.
+Three callers, one rule, their own parameters:
+
+* gpu_kill ``idle_for``: ``IdleRule(idle_util_pct)`` (no memory floor, no gap limit: runs are minutes
+  or hours apart);
+* the guard's policy rule ``idle``: ``IdleRule(util_max_pct, mem_min_mib, idle_max_gap)``;
+* the usage reports' idle GPU-hours (``history.report``): ``IdleRule(idle_util_pct, REPORT_MEM_MIN_MIB)``,
+  one sample at a time (``IdleRule.sql``).
+
+A sample is idle when its utilization is known and at or below ``util_max_pct`` and, where the rule
+has a floor, the process holds at least ``mem_min_mib``.  A process is idle since the oldest sample
+of the unbroken run of idle samples that ends with the newest one; a sample that is not idle, or a
+gap longer than ``max_gap_s`` between two samples, ends the run.  Processes are keyed by
+(pid, starttime), so a reused pid starts a new run.
 
 The per-process figure is the driver's own per-process utilization (NVML process utilization
 samples; AMD engine usage) when it has one; otherwise the device's utilization when the process
-is the only one on every GPU it uses; otherwise unknown.  Processes are keyed by (pid, starttime),
-so a reused pid starts a new history.
+is the only one on every GPU it uses; otherwise unknown (``gpu_utilization``, ``process_utilization``).
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
+import itertools
 
-from . import safe_files
-from .constants import UTILIZATION_PATH as DEFAULT_PATH
+from .units import is_number
 
-MAX_FILE_BYTES = 64 * 1024 * 1024
-MAX_SAMPLES = 720
-MAX_AGE = 7 * 86400
+REPORT_MEM_MIN_MIB = 1  # the reports: a GPU counts as held when a process holds any memory on it
 
 
-def process_utilization(proc, snapshot):
-    """The best per-process utilization figure (percent) for ``proc`` in ``snapshot``, or None."""
+def gpu_utilization(proc, dev):
+    """Utilization (percent) of ``proc`` on the GPU ``dev``: the driver's own per-process figure,
+    else the GPU's when the process is alone on it, else None."""
     value = getattr(proc, 'util_pct', None)
     if value is not None:
         return value
-    figures = []
-    for index in proc.gpu_indexes or ():
-        dev = snapshot.device(index)
-        if dev is None or dev.utilization_pct is None or len(dev.driver_processes) != 1:
-            return None
-        figures.append(dev.utilization_pct)
-    return max(figures) if figures else None
-
-
-def _valid_sample(sample):
-    """A stored sample is ``[epoch seconds, percent or null]``; anything else is dropped on load."""
-    if not isinstance(sample, list) or len(sample) != 2:
-        return False
-    stamp, util = sample
-    number = (int, float)
-    return (isinstance(stamp, number) and not isinstance(stamp, bool)
-            and (util is None or (isinstance(util, number) and not isinstance(util, bool))))
-
-
-class UtilizationHistory(object):
-    """The sample file: ``{"version": 1, "processes": {"pid:starttime": [[ts, util], ...]}}``."""
-
-    def __init__(self, path=DEFAULT_PATH):
-        self.path = path
-        self.samples = {}
-        self.warning = None
-
-    def load(self):
-        try:
-            data = json.loads(safe_files.read_file(self.path, MAX_FILE_BYTES).decode('utf-8'))
-            procs = data.get('processes') if isinstance(data, dict) else None
-            if not isinstance(procs, dict):
-                raise ValueError('no "processes" object')
-            self.samples = dict((k, [s for s in v if _valid_sample(s)]) for k, v in procs.items() if isinstance(v, list))
-        except FileNotFoundError:
-            self.samples = {}
-        except (OSError, ValueError) as exc:
-            self.samples = {}
-            self.warning = 'utilization history %s was unreadable and has been restarted: %s' % (self.path, exc)
-        return self
-
-    def record(self, snapshot, now):
-        """Add one sample per GPU process in ``snapshot``; forget processes that are gone."""
-        live = {}
-        for proc in snapshot.processes:
-            if proc.starttime is None:
-                continue
-            key = '%d:%d' % (proc.pid, proc.starttime)
-            series = [s for s in self.samples.get(key, []) if now - s[0] <= MAX_AGE]
-            series.append([now, process_utilization(proc, snapshot)])
-            live[key] = series[-MAX_SAMPLES:]
-        self.samples = live
-        return self
-
-    def idle_since(self, snapshot, threshold_pct):
-        """``{pid: time since which it has been at or below threshold_pct}`` for processes in ``snapshot``."""
-        found = {}
-        for proc in snapshot.processes:
-            if proc.starttime is None:
-                continue
-            since = None
-            for stamp, util in reversed(self.samples.get('%d:%d' % (proc.pid, proc.starttime), [])):
-                if util is None or util > threshold_pct:
-                    break
-                since = stamp
-            if since is not None:
-                found[proc.pid] = since
-        return found
-
-    def update(self, snapshot, now):
-        """Load, add one sample per GPU process, save: under an exclusive lock of ``<path>.lock``, so
-        that two concurrent writers (two gpu_kill runs) never drop each other's samples.
-        Returns a list of warnings (unreadable history, failed save)."""
-        warnings = []
-        lock = None
-        try:
-            lock = safe_files.open_lock(self.path + '.lock', dir_mode=0o750)
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError as exc:
-            warnings.append('could not lock utilization history %s: %s' % (self.path, exc))
-        try:
-            self.load().record(snapshot, now)
-            if self.warning:
-                warnings.append(self.warning)
-            error = self.save()
-            if error:
-                warnings.append(error)
-        finally:
-            if lock is not None:
-                os.close(lock)  # closing the descriptor releases the lock
-        return warnings
-
-    def save(self):
-        """Write atomically (temp file and rename) with mode 0600; returns an error text or None."""
-        try:
-            safe_files.write_atomic(self.path, json.dumps({'version': 1, 'processes': self.samples}, separators=(',', ':')),
-                                    mode=0o600, dir_mode=0o750)
-        except (OSError, ValueError) as exc:
-            return 'could not save utilization history %s: %s' % (self.path, exc)
+    if dev is None or dev.utilization_pct is None or len(dev.driver_processes) != 1:
         return None
+    return dev.utilization_pct
+
+
+def process_utilization(proc, snapshot):
+    """The best per-process utilization figure (percent) for ``proc`` in ``snapshot``, or None:
+    ``gpu_utilization`` on each of its GPUs, the highest; None when one of them is unknown."""
+    value = getattr(proc, 'util_pct', None)
+    if value is not None:
+        return value
+    figures = [gpu_utilization(proc, snapshot.device(index)) for index in proc.gpu_indexes or ()]
+    return max(figures) if figures and None not in figures else None
+
+
+class IdleRule(object):
+    """One caller's parameters of the idleness rule (see the module's docstring)."""
+
+    def __init__(self, util_max_pct, mem_min_mib=None, max_gap_s=None):
+        self.util_max_pct = util_max_pct
+        self.mem_min_mib = mem_min_mib
+        self.max_gap_s = max_gap_s
+
+    def is_idle(self, util_pct, used_mib):
+        """Whether one sample is idle (None: unknown, never idle)."""
+        if util_pct is None or util_pct > self.util_max_pct:
+            return False
+        return self.mem_min_mib is None or (used_mib is not None and used_mib >= self.mem_min_mib)
+
+    def since(self, samples):
+        """The time since which the samples are idle, or None.  ``samples``: ``(ts, util_pct, used_mib)``,
+        newest first (it is read only as far back as the run goes)."""
+        since = None
+        for stamp, util, used in samples:
+            if not is_number(stamp) or not self.is_idle(util, used):
+                break
+            if since is not None and (stamp > since or (self.max_gap_s is not None and since - stamp > self.max_gap_s)):
+                break
+            since = stamp
+        return since
+
+    def sql(self, util, used):
+        """``is_idle`` as an SQL expression over the column expressions ``util`` and ``used`` (NULL:
+        unknown), with its parameters, for the reports that classify samples in the database."""
+        text = '(%s IS NOT NULL AND %s <= ?' % (util, util)
+        params = [self.util_max_pct]
+        if self.mem_min_mib is not None:
+            text += ' AND %s IS NOT NULL AND %s >= ?' % (used, used)
+            params.append(self.mem_min_mib)
+        return text + ')', params
+
+
+def idle_since(rule, proc, snapshot, now, samples=None):
+    """When ``proc`` (in ``snapshot``, taken at ``now``) has been idle since under ``rule``, or None.
+
+    The snapshot is the newest sample; ``samples`` (a history.SampleStore or HistoryReader, or None:
+    the snapshot alone) gives the process's earlier ones."""
+    current = ((now, process_utilization(proc, snapshot), proc.used_mib),)
+    older = () if samples is None or proc.starttime is None else samples.process_samples(proc.pid, proc.starttime, now)
+    return rule.since(itertools.chain(current, older))
+
+
+def idle_pids(rule, snapshot, now, samples=None):
+    """``{pid: since}``: ``idle_since`` for every process of ``snapshot`` with a known start time
+    that is idle at all (gpu_kill's ``idle_for``: the selector then asks for how long)."""
+    found = {}
+    for proc in snapshot.processes:
+        since = idle_since(rule, proc, snapshot, now, samples) if proc.starttime is not None else None
+        if since is not None:
+            found[proc.pid] = since
+    return found

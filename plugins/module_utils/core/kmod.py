@@ -108,3 +108,20 @@ def module_refs(root=None, names=BLOCKING_MODULES, uvm_files=0):
 def blocking(refs):
     """The ModuleRefs of ``refs`` that hold references beyond their holders and the GPU's processes."""
     return [ref for ref in refs if ref.references > 0]
+
+
+def uvm_files(snapshot):
+    """How many processes of a snapshot hold /dev/nvidia-uvm open (their nvidia_uvm references are theirs)."""
+    count = 0
+    for proc in list(snapshot.processes) + list(snapshot.holders):
+        paths = getattr(proc, 'device_paths', None) or getattr(proc, 'devices', None) or ()
+        if any(os.path.basename(p) == 'nvidia-uvm' for p in paths):
+            count += 1
+    return count
+
+
+def kernel_blockers(snapshot, root=None):
+    """(all ModuleRefs, the blocking ones) of BLOCKING_MODULES under ``root``, read now; the
+    nvidia-uvm files that ``snapshot``'s processes hold are theirs."""
+    refs = module_refs(root, uvm_files=uvm_files(snapshot))
+    return refs, blocking(refs)

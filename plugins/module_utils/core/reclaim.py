@@ -16,12 +16,12 @@ import os
 import signal as signals
 import time
 
-from . import audit_log, killer, notify, watchdog
-from .backends import select as select_backends
-from .errors import InvalidArgument
-from .idle import UtilizationHistory
+from . import audit_log, history, killer, notify, watchdog
+from .backends import select as select_backends, vendor_backend
+from .errors import HistoryError, InvalidArgument
+from .idle import IdleRule, idle_pids
 from .processes import device_key, resolve_dev_roots, scan_device_fds, user_uid
-from .snapshot import DRM_RENDER_BASE, device_gpus, take_snapshot
+from .snapshot import device_gpus, take_snapshot
 
 SIGNALS = ('TERM', 'INT', 'HUP', 'QUIT', 'KILL', 'USR1', 'USR2')
 EVENT = 'gpu_kill'
@@ -314,9 +314,9 @@ def _unreleased_cause(index, snapshot, victims, dev_roots, left_children):
     holders = []
     fds_denied = 0
     if dev is not None and dev.minor is not None:
-        wanted = ('nvidia', dev.minor) if dev.vendor == 'nvidia' else ('renderD', DRM_RENDER_BASE + dev.minor)
+        wanted = vendor_backend(dev.vendor).device_keys(dev.minor)[:1]   # the node compute clients open
         fd_holders, _readable, fds_denied = scan_device_fds(dev_roots=dev_roots, exclude=[os.getpid()])
-        holders = sorted(pid for pid, paths in fd_holders.items() if any(device_key(p, dev_roots) == wanted for p in paths))
+        holders = sorted(pid for pid, paths in fd_holders.items() if any(device_key(p, dev_roots) in wanted for p in paths))
     if holders:
         children = [pid for pid in holders if pid in left_children]
         if children:
@@ -377,6 +377,27 @@ def _journal_signals(selector, options, victims, on_signalled, warnings):
         on_signalled(signalled)
 
 
+def _idle_since(selector, options, snapshot, now, warnings):
+    """``{pid: since}`` for ``selector.idle_for``: one sample of ``snapshot`` recorded in the usage
+    history (check mode included), then the idleness rule over each process's samples, with
+    ``idle_util_pct`` and neither a memory floor (the selector's ``min_used_mib`` is one) nor a gap
+    limit (runs may be hours apart).  A history that cannot be opened or written is a warning: the
+    snapshot alone is then the only sample, and nothing has been idle for long."""
+    rule = IdleRule(selector.idle_util_pct)
+    store = None
+    try:
+        store = history.SampleStore(options.history_path)
+        store.record(snapshot, now, patterns=options.redact_patterns)
+    except HistoryError as exc:
+        warnings.append('could not record a utilization sample in %s: %s' % (options.history_path, exc))
+    try:
+        return idle_pids(rule, snapshot, now, store)
+    finally:
+        if store is not None:
+            warnings.extend(store.problems)
+            store.close()
+
+
 def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_roots=None, on_signalled=None):
     """Run one reclaim and return the result dictionary that gpu_kill returns.
 
@@ -393,17 +414,13 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     dev_roots = resolve_dev_roots(dev_roots)
     warnings = []
     if selector.idle_for is not None and not options.history_path:
-        raise InvalidArgument('utilization_history', options.history_path, 'idle_for needs a utilization history file')
+        raise InvalidArgument('utilization_history', options.history_path, 'idle_for needs the usage history file')
     if snapshot is None:
         # Holders (every process's open files) are only needed to find orphans.
         snapshot = take_snapshot(vendor=options.vendor, gather_processes=True, dev_roots=dev_roots,
                                  scan_holders=selector.orphans, driver_timeout=options.driver_timeout)
     selector.gpu_indexes(snapshot)  # an unknown GPU fails here, before anything is recorded or signalled
-    idle_since = None
-    if selector.idle_for is not None:
-        history = UtilizationHistory(options.history_path)
-        warnings.extend(history.update(snapshot, now))
-        idle_since = history.idle_since(snapshot, selector.idle_util_pct)
+    idle_since = _idle_since(selector, options, snapshot, now, warnings) if selector.idle_for is not None else None
     protection = killer.Protection(protect_names=options.protect_names, protect_users=options.protect_users)
     decided = plan(snapshot, selector, options, protection, idle_since=idle_since, now=now, dev_roots=dev_roots)
     victims = decided.victims

@@ -47,19 +47,18 @@ import socket
 import time
 
 from . import audit_log, safe_files
+from .constants import DEFAULT_PROTECT_NAMES, REBOOT_FLAG_PATH, REMEDIATION_STATE_PATH
 from .errors import InvalidArgument
-from .killer import DEFAULT_PROTECT_NAMES
 from .processes import scheduler_daemon
 from .reclaim import ReclaimOptions, reclaim
 from .reset import RELEASE_TIMEOUT, SIGKILL_WAIT, Host, ResetOptions, recovery_action, reset
 from .select import Selector
 from .text import printable
-
 from .xid import DEFAULT_WINDOW_S
 
 STEPS = ('kill_application', 'reset', 'drain', 'reboot_flag', 'undrain')
-DEFAULT_REBOOT_FLAG = '/var/lib/gpufleet/reboot-wanted'
-DEFAULT_STATE_PATH = '/var/lib/gpufleet/remediation.json'
+DEFAULT_REBOOT_FLAG = REBOOT_FLAG_PATH
+DEFAULT_STATE_PATH = REMEDIATION_STATE_PATH
 BOOT_ID = '/proc/sys/kernel/random/boot_id'
 FLAG_LIMIT = 256 * 1024
 STATE_LIMIT = 4 * 1024 * 1024

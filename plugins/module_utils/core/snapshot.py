@@ -17,14 +17,11 @@ import time
 from collections import OrderedDict
 
 from . import xid
-from .backends import VENDOR_CHOICES, Selection, select
-from .backends.base import error_text
+from .backends import VENDOR_CHOICES, Selection, select, vendor_backend
+from .backends.base import DRM_RENDER_BASE, error_text  # noqa: F401 pylint: disable=unused-import
 from .errors import InvalidArgument
 from .model import GpuProcess
 from .processes import ProcessInventory, device_key, resolve_dev_roots
-
-# The first DRM render node minor: /dev/dri/renderD<128 + card minor>.
-DRM_RENDER_BASE = 128
 
 
 class Snapshot(object):
@@ -122,15 +119,8 @@ def device_gpus(paths, devices, dev_roots):
         key = device_key(path, dev_roots)
         if key is None:
             continue
-        kind, number = key
         for dev in devices:
-            if dev.minor is None:
-                continue
-            if kind == 'nvidia' and dev.vendor == 'nvidia' and dev.minor == number:
-                indexes.add(dev.index)
-            elif kind == 'renderD' and dev.vendor != 'nvidia' and dev.minor + DRM_RENDER_BASE == number:
-                indexes.add(dev.index)
-            elif kind == 'card' and dev.vendor != 'nvidia' and dev.minor == number:
+            if dev.minor is not None and key in vendor_backend(dev.vendor).device_keys(dev.minor):
                 indexes.add(dev.index)
     return sorted(indexes)
 
@@ -246,18 +236,19 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
 
 
 def _read_xid_log(devices, kmsg_path=None):
-    """Add the kernel log's Xid lines to the NVIDIA devices they name; returns why the log could not be
-    read (their ``xid_events`` then stay as the driver left them: None when it could not tell either)."""
-    nvidia = [dev for dev in devices if dev.vendor == 'nvidia']
-    if not nvidia:
+    """Add the kernel log's Xid lines to the devices they name (those of the vendors whose backend says
+    ``xid_log``: NVIDIA); returns why the log could not be read (their ``xid_events`` then stay as the
+    driver left them: None when it could not tell either)."""
+    logged = [dev for dev in devices if vendor_backend(dev.vendor).xid_log]
+    if not logged:
         return None
     events, error = xid.read_kmsg(kmsg_path)
     if events is None:
         return error
-    for dev in nvidia:
+    for dev in logged:
         if dev.xid_events is None:
             dev.xid_events = []   # the log could be read: an empty list means none
-    xid.join_events(nvidia, events)
+    xid.join_events(logged, events)
     return None
 
 

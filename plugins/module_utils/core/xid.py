@@ -244,11 +244,11 @@ def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT):
 
 
 def join_events(devices, events):
-    """Give each event (from the kernel log) to the NVIDIA device with its PCI address; returns the events
-    that named no device here."""
+    """Give each event (from the kernel log) to the device of ``devices`` with its PCI address (the caller
+    passes the GPUs whose backend says ``xid_log``: NVIDIA's); returns the events that named no device here."""
     by_pci = {}
     for dev in devices:
-        if dev.vendor == 'nvidia' and dev.pci_bus_id:
+        if dev.pci_bus_id:
             by_pci[pci_key(dev.pci_bus_id)] = dev
     unmatched = []
     for event in events:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog, xid
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import GIB, MONDAY_NOON, proc, snapshot
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_guard import Node
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_guard import Node
 
 STEP = 60                  # one tick a minute: the promtool test's `interval`
 TICK_TIMESTAMP = 'gpufleet_guard_last_tick_timestamp_seconds'

@@ -18,7 +18,7 @@ import stat
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, notify
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import GIB, proc, snapshot
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_guard import Node, decisions
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_guard import Node, decisions
 
 SECRET = 'Zq9-env-secret-value'
 

@@ -120,8 +120,10 @@ def test_default_redaction_keeps_ordinary_arguments(argv):
 
 
 def test_default_patterns_pass_the_user_regex_guards_and_stay_fast_on_hostile_text():
-    """Each default goes through select.compile_regex (no nested quantifiers) and takes well under the
-    match time bound on 32 KiB texts shaped against it (no quadratic or worse backtracking)."""
+    """Each default goes through select.compile_regex (no nested quantifiers) and stays linear on 32 KiB
+    texts shaped against it.  Measured in this process's CPU time, not wall-clock time (a loaded CI
+    machine stretches the latter): quadratic backtracking on 32 KiB costs minutes of CPU, linear
+    matching milliseconds, so the 2 s bound separates them by orders of magnitude either way."""
     patterns = [select.compile_regex('notify.redact_patterns', p) for p in notify.DEFAULT_REDACT_PATTERNS]
     n = select.MAX_MATCH_TEXT
     shapes = ['://' * (n // 3), '://:' * (n // 4), '-a' * (n // 2), '.-' * (n // 2), '"password": "' * (n // 14),
@@ -131,10 +133,10 @@ def test_default_patterns_pass_the_user_regex_guards_and_stay_fast_on_hostile_te
     worst = 0.0
     for shape in shapes:
         for pattern in patterns:
-            started = time.monotonic()
+            started = time.process_time()
             pattern.sub('', shape[:n])
-            worst = max(worst, time.monotonic() - started)
-    assert worst < 0.5, worst
+            worst = max(worst, time.process_time() - started)
+    assert worst < 2.0, worst
 
 
 def test_redact_argv_fails_closed_and_keeps_none():

@@ -24,7 +24,7 @@ import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import guard, safe_files
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_guard import POLICY, Node
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_guard import POLICY, Node
 from ansible_collections.gpufleet.reclaim.tests.unit.security import redteam
 
 GIB = redteam.GIB

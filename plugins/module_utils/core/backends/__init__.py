@@ -34,6 +34,15 @@ PRESENCE_FILES = OrderedDict([('nvidia', ('nvidiactl',)), ('amd', ('kfd',))])
 LIBRARIES = {'nvidia': 'nvidia-ml-py (imported as pynvml)', 'amd': 'amdsmi (shipped with ROCm)'}
 
 
+def vendor_backend(vendor):
+    """The backend class of ``vendor`` (a Device's ``vendor``): its class-method hooks answer the
+    vendor's device-file naming and reset steps (see base.Backend)."""
+    try:
+        return REGISTRY[vendor]
+    except KeyError:
+        raise InvalidArgument('vendor', vendor, 'no backend for this vendor; known: %s' % ', '.join(VENDORS)) from None
+
+
 class Selection(object):
     """The outcome of select(): ``backends`` (probed, available, in vendor order) and ``statuses``."""
 
@@ -104,5 +113,5 @@ def select(vendor='auto', factories=None):
     return Selection(backends, statuses, VENDORS if vendor == 'auto' else (vendor,))
 
 
-__all__ = ['Backend', 'REGISTRY', 'VENDORS', 'PRESENCE_FILES', 'VENDOR_CHOICES', 'Selection', 'select',
+__all__ = ['Backend', 'REGISTRY', 'VENDORS', 'PRESENCE_FILES', 'VENDOR_CHOICES', 'Selection', 'select', 'vendor_backend',
            'NvidiaBackend', 'AmdBackend', 'IntelBackend', 'AppleBackend']

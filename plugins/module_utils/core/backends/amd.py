@@ -31,7 +31,7 @@ import time
 
 from .. import drm_fdinfo as drm
 from ..model import BackendStatus, Device, bytes_to_mib
-from .base import MAX_CELSIUS, Backend, error_text, pci_bdf, read_device, to_reading
+from .base import FAIL, MAX_CELSIUS, PASS, Backend, DrmDevices, error_text, last_line, pci_bdf, read_device, to_reading
 
 NOT_INSTALLED = 'amdsmi (the ROCm AMD SMI Python library) is not installed'
 AMD_PCI_VENDOR = '0x1002'
@@ -163,7 +163,7 @@ def _busy_pct(prev, cur, elapsed_s):
     return None if best is None else int(round(best))
 
 
-class AmdBackend(Backend):
+class AmdBackend(DrmDevices, Backend):
     """AMD GPUs.  ``amdsmi`` injects the module (tests; ``False``: not installed); default: lazy import.
 
     Test seams (never user options): ``root``/``sys_root``/``proc_root`` for the library-free path
@@ -172,6 +172,8 @@ class AmdBackend(Backend):
     """
 
     name = 'amd'
+    label = 'AMD'
+    reset_tools = ('amd-smi',)
 
     def __init__(self, amdsmi=None, root=None, sys_root=None, proc_root=None, clock=time.monotonic, sleep=time.sleep,
                  interval=None, cache=None):
@@ -254,6 +256,44 @@ class AmdBackend(Backend):
                 pass
 
     # ------------------------------------------------------------------ reading
+    # ------------------------------------------------------------------ reset (see base.Backend)
+    @classmethod
+    def reset_checks(cls, item, snapshot, host):
+        lib, why = _amdsmi_usable(host)
+        cli = host.tool('amd-smi')
+        if lib:
+            item.check('tool', PASS, 'amdsmi_reset_gpu (amdsmi library)%s' % (', falling back to %s' % cli if cli else ''))
+        elif cli:
+            item.check('tool', PASS, 'amd-smi reset --gpureset (%s); the amdsmi library is not usable: %s' % (cli, why))
+        else:
+            item.check('tool', FAIL, 'neither the amdsmi Python library (%s) nor the amd-smi command was found: install '
+                                     'amd-smi (package amd-smi-lib of ROCm) or add its directory to PATH' % why)
+
+    @classmethod
+    def reset_device(cls, item, host):
+        """amdsmi_reset_gpu through the library, falling back to ``amd-smi reset --gpureset -g <bdf>``."""
+        target = item.target
+        if host.amdsmi is False:
+            outcome, detail = 'unavailable', 'amdsmi is not installed'
+        else:
+            outcome, detail = reset_gpu(target, amdsmi=host.amdsmi)
+        item.method, item.command, item.output = 'amdsmi', ['amdsmi_reset_gpu', target], detail
+        if outcome == 'reset':
+            return None
+        if outcome == 'failed':
+            return detail
+        cli = host.tool('amd-smi')
+        if not cli:
+            return 'the amdsmi library cannot reset (%s) and amd-smi was not found' % detail
+        argv = [cli, 'reset', '--gpureset', '-g', target]
+        rc, out, err = host.run(argv)
+        text = (out + err).strip()
+        item.method, item.command, item.output = 'amd-smi', argv, text
+        # amd-smi prints "Failed to reset GPU" or "Can not find a device" and still exits 0.
+        if rc == 0 and 'successfully reset' in text.lower() and 'failed' not in text.lower():
+            return None
+        return 'amd-smi reset --gpureset failed (rc %d): %s' % (rc, last_line(text))
+
     def devices(self):
         if self.mode == 'sysfs':
             return self._sysfs_devices()
@@ -500,3 +540,14 @@ def reset_gpu(bdf, amdsmi=None):
         return 'failed', 'amdsmi_reset_gpu failed: %s' % error_text(exc)
     finally:
         backend.close()
+
+
+def _amdsmi_usable(host):
+    """(whether the amdsmi library can be used, why not) for ``host`` (its ``amdsmi`` seam: the module,
+    False for "not installed", None to import it)."""
+    if host.amdsmi is False:
+        return False, 'amdsmi is not installed'
+    if host.amdsmi is not None:
+        return True, None
+    module, error = import_amdsmi()
+    return module is not None, error

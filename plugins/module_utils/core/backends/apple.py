@@ -120,6 +120,9 @@ class AppleBackend(Backend):
     ``which`` for ioreg, ``clock``, ``sleep``, ``interval`` and ``cache`` for the two readings (drm_fdinfo.TwoReadings)."""
 
     name = 'apple'
+    label = 'Apple'
+    reset_refusal = ('Apple GPUs cannot be reset: macOS offers no GPU reset. Stop the processes that use the GPU '
+                     '(gpufleet.reclaim.gpu_kill) or restart the Mac.')
 
     def __init__(self, platform=None, runner=None, which=None, clock=time.monotonic, sleep=time.sleep, interval=None,
                  cache=None):
@@ -172,6 +175,15 @@ class AppleBackend(Backend):
         if not isinstance(data, list):
             return IoregReading([], 'ioreg printed an unexpected plist (%s)' % type(data).__name__, taken_at)
         return IoregReading([Accelerator(e, i) for i, e in enumerate(x for x in data if isinstance(x, dict))], None, taken_at)
+
+    # ------------------------------------------------------------------ device files (see base.Backend)
+    @classmethod
+    def device_keys(cls, minor):
+        return ()   # macOS has no per-GPU device file: the clients are read from the IORegistry
+
+    @classmethod
+    def shared_device_file(cls, path):
+        return False
 
     def devices(self):
         if not self.status.available:

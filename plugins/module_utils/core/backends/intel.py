@@ -31,13 +31,14 @@ What it reads, and what stays ``None``:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
 
 from .. import drm_fdinfo as drm
 from ..model import BackendStatus, Device, bytes_to_mib
-from .base import MAX_CELSIUS, Backend, find_command, read_device, run_command, to_reading
+from .base import FAIL, MAX_CELSIUS, PASS, Backend, DrmDevices, find_command, last_line, pci_bdf, read_device, run_command, to_reading
 
 INTEL_PCI_VENDOR = '0x8086'
 # PCI class 0x03xxxx: display controllers (integrated and discrete GPUs).
@@ -71,7 +72,7 @@ def device_name(card, root):
     return None
 
 
-class IntelBackend(Backend):
+class IntelBackend(DrmDevices, Backend):
     """Intel GPUs (i915/xe).
 
     Test seams (never user options): ``root`` (reads ``<root>/sys``, ``<root>/proc`` and pci.ids
@@ -81,6 +82,8 @@ class IntelBackend(Backend):
     """
 
     name = 'intel'
+    label = 'Intel'
+    reset_tools = ('xpu-smi',)
 
     def __init__(self, root=None, sys_root=None, proc_root=None, runner=None, which=None, clock=time.monotonic,
                  sleep=time.sleep, interval=None, cache=None):
@@ -161,6 +164,54 @@ class IntelBackend(Backend):
         scan = drm.scan_clients(self.proc_root, drm.INTEL_DRIVERS, clock=self.readings.clock)
         scan.extra['energy'] = dict((card.minor, drm.hwmon_readings(card)['energy_uj']) for card in self.cards)
         return scan
+
+    # ------------------------------------------------------------------ reset (see base.Backend)
+    @classmethod
+    def reset_checks(cls, item, snapshot, host):
+        xpu = host.tool('xpu-smi')
+        sysfs = _reset_file(host, item.dev)
+        if xpu:
+            item.check('tool', PASS, 'xpu-smi config --reset (%s)' % xpu)
+        elif sysfs and os.path.exists(sysfs):
+            item.check('tool', PASS, 'PCI function reset through %s' % sysfs)
+        else:
+            item.check('tool', FAIL, 'xpu-smi was not found and the kernel offers no PCI reset for this GPU (%s is missing): '
+                                     'install xpu-smi, or reboot the node' % (sysfs or 'no PCI address known'))
+
+    @classmethod
+    def reset_device(cls, item, host):
+        """``xpu-smi config -d N --reset`` where xpu-smi exists, else a PCI reset through sysfs."""
+        dev = item.dev
+        xpu = host.tool('xpu-smi')
+        if xpu:
+            # -d takes a device id or a PCI address; the address cannot name another GPU.
+            argv = [xpu, 'config', '-d', pci_bdf(dev.pci_bus_id) if dev.pci_bus_id else str(dev.vendor_index), '--reset']
+            rc, out, err = host.run(argv)
+            item.method, item.command, item.output = 'xpu-smi', argv, (out + err).strip()
+            return None if rc == 0 else 'xpu-smi config --reset failed (rc %d): %s' % (rc, last_line(out + err))
+        path = _reset_file(host, dev)
+        item.method, item.command = 'sysfs', ['write', '1', path]
+        if path is None:
+            return 'the PCI address of this GPU is unknown, so it cannot be reset through sysfs'
+        method_file = os.path.join(os.path.dirname(path), 'reset_method')
+        try:
+            with open(method_file) as handle:
+                item.output = 'reset methods: %s' % handle.read().strip()
+        except OSError:
+            item.output = None
+        try:
+            fd = os.open(path, os.O_WRONLY | getattr(os, 'O_CLOEXEC', 0))
+            try:
+                os.write(fd, b'1')
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return 'the kernel offers no reset for %s (%s is missing): reboot the node' % (dev.pci_bus_id, path)
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                return 'writing %s needs root: run the task with become: true' % path
+            return 'the PCI reset through %s failed: %s' % (path, exc.strerror or exc)
+        return None
 
     def devices(self):
         if not self.status.available:
@@ -272,3 +323,10 @@ class IntelBackend(Backend):
         power = to_reading(metrics.get('XPUM_STATS_POWER'), float)
         if power is not None:
             dev.power_w = round(power, 3)
+
+
+def _reset_file(host, dev):
+    """The sysfs file whose write resets the PCI function of ``dev`` (under ``host.sys_root``), or None."""
+    if not dev.pci_bus_id:
+        return None
+    return os.path.join(host.sys_root, 'bus', 'pci', 'devices', pci_bdf(dev.pci_bus_id), 'reset')

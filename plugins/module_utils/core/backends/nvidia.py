@@ -26,10 +26,11 @@ Version differences handled here:
 from __future__ import annotations
 
 import ctypes
+import os
 import time
-from .. import watchdog, xid as xid_mod
+from .. import kmod, watchdog, xid as xid_mod
 from ..model import RECOVERY_ACTIONS, BackendStatus, Device, bytes_to_mib
-from .base import Backend, error_text
+from .base import FAIL, NOT_EXPOSED, PASS, REBOOT_ACTIONS, WARN, Backend, error_text, last_line, recovery_action
 
 try:
     import pynvml
@@ -95,6 +96,11 @@ class NvidiaBackend(Backend):
     """NVML backend.  ``nvml`` injects the pynvml module (tests); default: the imported pynvml."""
 
     name = 'nvidia'
+    label = 'NVIDIA'
+    reset_check_names = ('mig', 'nvlink', 'fabric_manager', 'persistence_mode', 'nvml_session', 'recovery_action',
+                         'kernel_modules')
+    xid_log = True
+    reset_tools = ('nvidia-smi',)
 
     def __init__(self, nvml=None, import_error=None):
         super(NvidiaBackend, self).__init__()
@@ -477,9 +483,122 @@ class NvidiaBackend(Backend):
             view[i] = (dev.memory_used_mib, set(dev.pids) if dev.processes_complete else None)
         return view
 
+    # ------------------------------------------------------------------ device files and reset (see base.Backend)
+    @classmethod
+    def device_keys(cls, minor):
+        return (('nvidia', minor),)
+
+    @classmethod
+    def shared_device_file(cls, path):
+        return os.path.basename(path).startswith('nvidia')
+
+    @classmethod
+    def reset_checks(cls, item, snapshot, host):
+        path = host.tool('nvidia-smi')
+        if path:
+            item.check('tool', PASS, 'nvidia-smi --gpu-reset (%s)' % path)
+        else:
+            item.check('tool', FAIL, 'nvidia-smi was not found on PATH or in the sbin directories: install the NVIDIA driver '
+                                     'utilities (for example the nvidia-utils package of the installed driver) or add its '
+                                     'directory to PATH')
+        _check_mig_and_fabric(item, host)
+        _check_persistence_and_session(item, host)
+        _check_recovery(item)
+        _check_kernel_modules(item, snapshot, host)
+
+    @classmethod
+    def reset_device(cls, item, host):
+        """``nvidia-smi --gpu-reset -i <bus id>``.  "In use by another client" names the kernel references
+        left at that moment (kmod) when there are any."""
+        rc, text, argv = _nvidia_smi(host, item, '--gpu-reset')
+        item.method, item.command, item.output = 'nvidia-smi', argv, text
+        if rc == 0:
+            return None
+        hint = ''
+        low = text.lower()
+        if 'in use by another client' in low or 'being used' in low:
+            refs = kmod.blocking(kmod.module_refs(host.sys_root))
+            if refs:
+                hint = ': kernel references keep the driver in use (%s); unload the module or reboot the node' % \
+                    '; '.join(r.describe() for r in refs)
+            else:
+                hint = ': processes or NVML clients still use the GPU; set kill_processes: true, and stop monitoring agents ' \
+                       '(stop_services: [nvidia-dcgm, dcgm-exporter, nvidia-persistenced], or auto)'
+        elif 'persistence mode' in low:
+            hint = ': switch persistence mode off first (nvidia-smi -pm 0 -i %s)' % item.target
+        elif 'permission' in low:
+            hint = ': run the task with become: true'
+        return 'nvidia-smi --gpu-reset failed (rc %d): %s%s' % (rc, last_line(text), hint)
+
+    @classmethod
+    def persistence_mode(cls, dev):
+        return dev.persistence_mode
+
+    @classmethod
+    def persistence_off(cls, item, host, warnings):
+        before = item.persistence['before']
+        if before is False:
+            return None
+        rc, text, _argv = _nvidia_smi(host, item, '-pm', '0')
+        item.touched = True
+        if rc == 0:
+            item.persistence['switched_off'] = True
+            return None
+        if before is None:
+            warnings.append('%s: nvidia-smi -pm 0 failed (rc %d: %s); trying the reset anyway' % (item.label, rc, last_line(text)))
+            return None
+        return 'nvidia-smi -pm 0 failed (rc %d): %s; the reset needs persistence mode off' % (rc, last_line(text))
+
+    @classmethod
+    def persistence_restore(cls, item, host):
+        if not (item.persistence['switched_off'] and item.persistence['before']):
+            return None
+        rc, text, _argv = _nvidia_smi(host, item, '-pm', '1')
+        item.persistence['restored'] = rc == 0
+        if rc == 0 and item.after is not None:
+            item.after['persistence_mode'] = True  # read before the restore; nvidia-smi -pm 1 succeeded since
+        if rc != 0:
+            return 'persistence mode could not be restored (rc %d: %s): run nvidia-smi -pm 1 -i %s' % (rc, last_line(text), item.target)
+        return None
+
+    @classmethod
+    def drain_on(cls, item, host, warnings):
+        if not item.dev.pci_bus_id:
+            return super(NvidiaBackend, cls).drain_on(item, host, warnings)
+        state, error = drain(item.dev.pci_bus_id, nvml=host.nvml)
+        if error is None and state:
+            item.drain['detail'] = 'already drained before the reset; left as it was'
+            return None
+        if error is None:
+            item.touched = True
+            state, error = drain(item.dev.pci_bus_id, True, nvml=host.nvml)
+        if error is not None or not state:
+            item.drain['detail'] = 'the driver refused to drain the GPU: %s' % (error or 'the state did not change')
+            warnings.append('%s: %s; continuing without it (drain is best effort)' % (item.label, item.drain['detail']))
+            return None
+        item.drain['enabled'] = True
+        item.drain['detail'] = 'drained: new clients cannot open the GPU until the reset is done'
+        return None
+
+    @classmethod
+    def drain_off(cls, item, host):
+        if not item.drain['enabled']:
+            return None
+        state, error = drain(item.dev.pci_bus_id, False, nvml=host.nvml)
+        item.drain['restored'] = error is None and state is False
+        if not item.drain['restored']:
+            return 'the drain could not be undone (%s): run nvidia-smi drain -p %s -m 0' % (error or 'still drained', item.dev.pci_bus_id)
+        return None
+
+    @classmethod
+    def session_blocks_reset(cls, host):
+        if open_sessions(host.nvml):
+            return 'this process holds an NVML session, which would block the reset (a bug: please report it)'
+        return None
+
 
 # ---------------------------------------------------------------------------- reset support
-# Used by core/reset.py.  Each call opens and closes its own short NVML session, because a GPU
+# Used by the reset hooks above.  Each call opens and closes its own short NVML session, because a GPU
 # reset needs this process's NVML session gone (open_sessions() must be 0 when nvidia-smi runs).
 _FABRIC_STATES = {0: 'not_supported', 1: 'not_started', 2: 'in_progress', 3: 'completed'}
 
@@ -568,3 +687,92 @@ def reset_constraints(bus_id, nvml=None):
             out['fabric_error'] = _nvml_reason(backend, exc)
     backend.close()
     return out
+
+
+def _nvidia_smi(host, item, *args):
+    argv = [host.tool('nvidia-smi')] + list(args) + ['-i', item.target]
+    rc, out, err = host.run(argv)
+    return rc, (out + err).strip(), argv
+
+
+def _check_mig_and_fabric(item, host):
+    dev = item.dev
+    if dev.mig_mode:
+        item.check('mig', FAIL, 'MIG mode is enabled: destroy the compute and GPU instances (nvidia-smi mig -dci -i {i}; '
+                                'nvidia-smi mig -dgi -i {i}), disable MIG (nvidia-smi -i {i} -mig 0), then reset'.format(i=dev.vendor_index))
+    elif dev.mig_mode is None:
+        item.check('mig', NOT_EXPOSED, 'the driver does not report the MIG mode of this GPU')
+    else:
+        item.check('mig', PASS, 'MIG mode is off')
+    if dev.pci_bus_id:
+        facts = reset_constraints(dev.pci_bus_id, nvml=host.nvml)
+    else:
+        facts = {'nvlink_active': None, 'nvlink_error': 'no PCI bus id (the GPU does not answer)', 'fabric_state': None,
+                 'fabric_error': 'no PCI bus id (the GPU does not answer)'}
+    active = facts['nvlink_active']
+    if active is None:
+        item.check('nvlink', NOT_EXPOSED, 'NVLink state: %s' % facts['nvlink_error'])
+    elif active:
+        item.check('nvlink', WARN, '%d NVLink link(s) active: on NVLink/NVSwitch systems the driver may only reset all '
+                                   'connected GPUs together; if the reset is refused, reset every GPU of the node '
+                                   '(all: true) with the fabric manager running' % active)
+    else:
+        item.check('nvlink', PASS, 'no active NVLink link')
+    state = facts['fabric_state']
+    if state is None:
+        item.check('fabric_manager', NOT_EXPOSED, 'NVSwitch fabric state: %s' % facts['fabric_error'])
+    elif state in ('not_supported', 'completed'):
+        item.check('fabric_manager', PASS, 'no NVSwitch fabric' if state == 'not_supported' else
+                   'the fabric manager has registered the GPU')
+    else:
+        item.check('fabric_manager', FAIL, 'the NVSwitch fabric manager has not finished registering this GPU (state %s): '
+                                           'start it (systemctl start nvidia-fabricmanager) and wait until the fabric '
+                                           'state is Completed (nvidia-smi -q -i %s)' % (state, item.target))
+
+
+def _check_persistence_and_session(item, host):
+    mode = item.dev.persistence_mode
+    if mode:
+        item.check('persistence_mode', PASS, 'on: switched off (nvidia-smi -pm 0) for the reset and restored afterwards')
+    elif mode is None:
+        item.check('persistence_mode', WARN, 'unknown (the driver does not say, the GPU may be lost): nvidia-smi -pm 0 is '
+                                             'tried before the reset, and the mode is not restored')
+    else:
+        item.check('persistence_mode', PASS, 'off')
+    sessions = open_sessions(host.nvml)
+    if sessions:
+        item.check('nvml_session', FAIL, 'this process still holds %d NVML session(s), which blocks the reset; this is a bug '
+                                         'in gpufleet.reclaim: please report it' % sessions)
+    else:
+        item.check('nvml_session', PASS, 'this process holds no NVML session')
+
+
+def _check_recovery(item):
+    action = recovery_action(item.dev)
+    if action is None:
+        item.check('recovery_action', NOT_EXPOSED, 'the driver does not report a recovery action for this GPU')
+    elif action in REBOOT_ACTIONS:
+        item.reboot_reason = 'the driver\'s recovery action is %s: a reset cannot recover this GPU' % action
+        item.check('recovery_action', FAIL, '%s; reboot the node' % item.reboot_reason)
+    else:
+        item.check('recovery_action', PASS, 'the driver\'s recovery action is %s' % action)
+
+
+def _check_kernel_modules(item, snapshot, host):
+    refs, blocking = kmod.kernel_blockers(snapshot, host.sys_root)
+    item.kernel_modules = refs
+    unreadable = [r for r in refs if r.error]
+    if blocking:
+        item.reboot_reason = 'kernel references keep the driver in use (%s); a reboot clears them' % \
+            '; '.join(r.describe() for r in blocking)
+        why = ('%s: a kernel client (the DRM console or a display server for nvidia_drm and nvidia_modeset) holds the '
+               'driver; stop it and unload the module (modprobe -r %s), or reboot the node'
+               % ('; '.join(r.describe() for r in blocking), ' '.join(r.name for r in blocking)))
+        item.check('kernel_modules', FAIL, why)
+    elif unreadable:
+        item.check('kernel_modules', WARN, '; '.join('%s: %s' % (r.name, r.error) for r in unreadable))
+    elif not any(r.loaded for r in refs):
+        item.check('kernel_modules', PASS, 'none of %s is loaded' % ', '.join(kmod.BLOCKING_MODULES))
+    else:
+        item.check('kernel_modules', PASS, 'no kernel reference beyond holder modules and processes (%s)'
+                   % ', '.join('%s refcnt %s' % (r.name, r.refcnt) for r in refs if r.loaded))

@@ -22,7 +22,7 @@ docs/policy.md documents the schema.  The API (also used by gpu_audit's policy d
 
 The modules, bottom to top (each imports only those above it in this list):
 
-``validation``   PolicyError, the document shape limits (check_nesting), the _Bad/_Errors validator
+``validation``   PolicyError; the validator and shape limits of core/validation.py under the parsers' names
 ``values``       parsers of single values: sizes, durations, dates, names, actions, modes, GPU sets, windows
 ``sections``     limits, principals, groups, GPU rules, time windows, exemptions, protection; the rule ids
 ``response``     escalation, the rogue rule, remediation, notifications

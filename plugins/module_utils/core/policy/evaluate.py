@@ -16,6 +16,7 @@ from ..identity import UNKNOWN_OWNER
 from ..idle import process_utilization
 from ..units import human_duration
 from .context import Context
+from .idle_clocks import idle_rule
 from .validation import _is_number
 from .values import ACTION_TERMINATE
 from .violations import (
@@ -165,9 +166,8 @@ def _user_rules(run, user, procs):
             idle_for = run.now - clock['since']
             if idle_for < lim.idle.for_s:
                 continue
-            util = process_utilization(proc, run.snapshot)
             used = proc.used_mib
-            if util is None or util > lim.idle.util_max_pct or used is None or used < lim.idle.mem_min_mib:
+            if not idle_rule(run.policy, lim.idle).is_idle(process_utilization(proc, run.snapshot), used):
                 continue  # the clock is stale: this snapshot shows activity
             out.append(Violation('idle', 'user:%s' % user, round(idle_for, 1), lim.idle.for_s, action, [proc.pid], user=user,
                                  unit='s', message='%s\'s process %d (%s) has held %s at <= %g%% utilization for %s '

@@ -4,31 +4,37 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
 # PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
-"""The idle clocks (observe): how long each process has held GPU memory without using the GPU,
-kept in the agent's state between ticks."""
+"""The idle clocks (observe): since when each process has held GPU memory without using the GPU,
+derived at every tick by the idleness rule (``idle.py``) from the usage history's samples."""
 
 from __future__ import annotations
 
 import copy
 
-from ..idle import process_utilization
+from ..idle import IdleRule, idle_since
 from .context import Context
-from .validation import _is_number
 from .violations import proc_key
 
 
-def observe(policy, snapshot, state, now, context=None):
-    """A copy of ``state`` with the idle clocks advanced by ``snapshot``.
+def idle_rule(policy, limits):
+    """The idleness rule of one user's ``idle`` limits (``util_max_pct``, ``mem_min_mib``) and the
+    policy's ``idle_max_gap``."""
+    return IdleRule(limits.util_max_pct, limits.mem_min_mib, policy.idle_max_gap_s)
 
-    A process's clock starts when it is first seen at or below its idle utilization while holding at
-    least the idle memory; any sample above the threshold, below the memory, with unknown
-    utilization, or a gap of more than ``idle_max_gap`` between samples restarts it.
+
+def observe(policy, snapshot, state, now, context=None, samples=None):
+    """A copy of ``state`` with ``state['idle']`` = ``{proc_key: {'since': t}}``, the idle clocks.
+
+    ``snapshot`` (taken at ``now``) is the newest sample; ``samples`` (a history.SampleStore or
+    HistoryReader; None: the snapshot alone) gives the earlier ones.  A process's clock runs from the
+    oldest sample of its unbroken run of samples at or below its idle utilization while holding at
+    least the idle memory; a sample above the threshold, below the memory, with unknown utilization,
+    or a gap of more than ``idle_max_gap`` between samples restarts it.  The clocks are derived, not
+    kept: the guard does not save them.
     """
     context = context if context is not None else Context()
     new = copy.deepcopy(state) if isinstance(state, dict) else {}
-    old = new.get('idle') if isinstance(new.get('idle'), dict) else {}
-    last = new.get('idle_sampled_at')
-    gap = not _is_number(last) or now - last > policy.idle_max_gap_s or now < last
+    new.pop('idle_sampled_at', None)  # kept by earlier releases
     clocks = {}
     limits = {}
     for proc in snapshot.processes:
@@ -39,14 +45,8 @@ def observe(policy, snapshot, state, now, context=None):
         rule = limits[proc.user].idle
         if rule is None:
             continue
-        util = process_utilization(proc, snapshot)
-        used = proc.used_mib
-        if util is None or util > rule.util_max_pct or used is None or used < rule.mem_min_mib:
-            continue
-        key = proc_key(proc)
-        previous = old.get(key)
-        since = previous.get('since') if isinstance(previous, dict) and not gap else None
-        clocks[key] = {'since': since if _is_number(since) and since <= now else now}
+        since = idle_since(idle_rule(policy, rule), proc, snapshot, now, samples)
+        if since is not None:
+            clocks[proc_key(proc)] = {'since': since}
     new['idle'] = clocks
-    new['idle_sampled_at'] = now
     return new

@@ -4,24 +4,29 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
 # PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
-"""The bottom of the policy package: the error a document's reader raises (PolicyError), the limits
-on a document's shape (check_nesting), and the validator every section parser uses: a parser raises
-_Bad, and _Errors collects every failure of a document so that none hides another."""
+"""The bottom of the policy package: the error a document's reader raises (PolicyError, the agent
+settings' error as well).  The validator the section parsers use is core/validation.py's, under the
+names they know: a parser raises _Bad (validation.Invalid), and _Errors (validation.Errors) collects
+every failure of a document so that none hides another."""
 
 from __future__ import annotations
 
-import json
-import re
-
 from ..errors import InvalidArgument
+# the leaf's names, importable from here as before
+from ..validation import (  # noqa: F401  pylint: disable=unused-import
+    MAX_ALIAS_NODES, MAX_ERRORS, MAX_NESTING, DocumentLimitError, Errors, Invalid, check_nesting, is_number, join, line_of, only, show,
+    too_deep, type_name,
+)
 
-
-# Limits on the shape of any document the agent reads (policy, settings, rogue rules; YAML, JSON
-# or TOML): mappings and lists nested at most MAX_NESTING deep, and YAML aliases adding at most
-# MAX_ALIAS_NODES nodes in all by repeating what their anchors name.  Past them: a clean error.
-MAX_NESTING = 32
-MAX_ALIAS_NODES = 100000
-MAX_ERRORS = 50
+# The names the policy's parsers use (core/validation.py holds each once).
+_Bad = Invalid
+_Errors = Errors
+_join = join
+_is_number = is_number
+_type = type_name
+_only = only
+_show = show
+_too_deep = too_deep
 
 
 class PolicyError(InvalidArgument):
@@ -79,125 +84,3 @@ class PolicyError(InvalidArgument):
 def _whole(path, value):
     """True for an error about the whole document (no path, no value)."""
     return not path and value is None
-
-
-def line_of(lines, path):
-    """The line of ``path`` in a {path: line} map, or of the nearest enclosing path; None if unknown."""
-    while path:
-        if path in lines:
-            return lines[path]
-        cut = max(path.rfind('.'), path.rfind('['))
-        path = path[:cut] if cut > 0 else ''
-    return None
-
-
-def _show(value):
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + '...'
-
-
-class DocumentLimitError(ValueError):
-    """A document nests deeper than MAX_NESTING or its YAML aliases expand past MAX_ALIAS_NODES."""
-
-    def __init__(self, why, line=None):
-        super(DocumentLimitError, self).__init__(why if line is None else 'line %d: %s' % (line, why))
-        self.why = why
-        self.line = line
-
-
-def _too_deep():
-    return 'mappings and lists nested more than %d levels deep (the limit)' % MAX_NESTING
-
-
-def check_nesting(data):
-    """Raise DocumentLimitError when mappings and lists in ``data`` nest deeper than MAX_NESTING
-    (``{a: 1}`` is one level, ``{a: {b: [1]}}`` three).  Iterative: any depth is refused, none recurses."""
-    pending = [(data, 1)]
-    while pending:
-        item, level = pending.pop()
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, (list, tuple)):
-            children = item
-        else:
-            continue
-        if level > MAX_NESTING:
-            raise DocumentLimitError(_too_deep())
-        pending.extend((child, level + 1) for child in children)
-
-
-class _Bad(Exception):
-    """Validation failures inside a parser (collected, not raised to callers): one, or ``items``."""
-
-    def __init__(self, path, value, why, items=None):
-        super(_Bad, self).__init__(why)
-        self.path = path
-        self.value = value
-        self.why = why
-        self.items = list(items) if items else [(path, value, why)]
-
-
-class _Errors(object):
-    """Collects every failure of a document: each field is checked, none stops the others."""
-
-    def __init__(self):
-        self.items = []
-
-    def add(self, path, value, why):
-        self.items.append((path, value, why))
-
-    def run(self, func, *args):
-        """Call func(*args); a _Bad becomes collected error(s) and the result is None."""
-        try:
-            return func(*args)
-        except _Bad as exc:
-            self.items.extend(exc.items)
-        except InvalidArgument as exc:
-            self.add(args[-1] if args and isinstance(args[-1], str) else '', exc.value, exc.why)
-        return None
-
-    def check(self):
-        """Raise the collected errors (a _Bad holding all of them), if any."""
-        if self.items:
-            first = self.items[0]
-            raise _Bad(first[0], first[1], first[2], self.items)
-
-
-def _join(path, key):
-    key = str(key)
-    if not path:
-        return key
-    if re.match(r'^[A-Za-z0-9_*@.-]+$', key) and '.' not in key:
-        return '%s.%s' % (path, key)
-    return '%s[%s]' % (path, json.dumps(key))
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _type(value):
-    if value is None:
-        return 'null'
-    if isinstance(value, bool):
-        return 'a boolean'
-    if _is_number(value):
-        return 'a number'
-    if isinstance(value, str):
-        return 'text'
-    if isinstance(value, list):
-        return 'a list'
-    if isinstance(value, dict):
-        return 'a mapping'
-    return type(value).__name__
-
-
-def _only(value, path, keys, hint=None):
-    errors = _Errors()
-    for key in value:
-        if key not in keys:
-            why = 'unknown key; expected one of %s' % ', '.join(sorted(keys))
-            if hint and key in hint:
-                why = hint[key]
-            errors.add(_join(path, key), value[key], why)
-    errors.check()

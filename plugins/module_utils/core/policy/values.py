@@ -16,8 +16,9 @@ import re
 
 from ..constants import ACTIONS, MODES
 from ..errors import InvalidArgument
+from .. import validation
 from ..units import parse_duration, parse_size_mib
-from .validation import _Bad, _Errors, _is_number, _join, _only, _type
+from .validation import _Bad, _Errors, _is_number, _join, _only
 
 GIB = 1024.0
 
@@ -39,13 +40,8 @@ _ACTION_NAMES = dict([(name, name) for name in ACTIONS], notify=ACTION_WARN, log
                      term=ACTION_TERMINATE, sigterm=ACTION_TERMINATE, sigkill=ACTION_KILL)
 
 
-def _dict(value, path):
-    if not isinstance(value, dict):
-        raise _Bad(path, value, 'expected a mapping, got %s' % _type(value))
-    for key in value:
-        if not isinstance(key, str):
-            raise _Bad(path, key, 'keys must be text, got %s' % _type(key))
-    return value
+_dict = validation.mapping
+_bool = validation.boolean
 
 
 def _section(value, path, keys):
@@ -60,34 +56,21 @@ def _section(value, path, keys):
 def _list(value, path):
     if value is None:
         return []
-    if isinstance(value, (str, dict)) or not isinstance(value, list):
-        raise _Bad(path, value, 'expected a list, got %s' % _type(value))
-    return value
-
-
-def _bool(value, path):
-    if not isinstance(value, bool):
-        raise _Bad(path, value, 'expected true or false')
-    return value
+    return validation.sequence(value, path)
 
 
 def _count(value, path):
-    if isinstance(value, bool) or not isinstance(value, int) and not (isinstance(value, float) and value.is_integer()):
-        raise _Bad(path, value, 'expected a whole number, 0 or more')
-    if value < 0:
-        raise _Bad(path, value, 'expected a whole number, 0 or more')
-    return int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return validation.in_range(value, path, 0, None, True, 'expected a whole number, 0 or more')
 
 
 def _pct(value, path):
-    if not _is_number(value) or math.isnan(value) or not 0 <= value <= 100:
-        raise _Bad(path, value, 'expected a percentage from 0 to 100')
-    return float(value)
+    return float(validation.in_range(value, path, 0, 100, False, 'expected a percentage from 0 to 100'))
 
 
 def _text(value, path, pattern=None, what='text'):
-    if not isinstance(value, str) or not value.strip():
-        raise _Bad(path, value, 'expected %s' % what)
+    validation.text(value, path, 'expected %s' % what)
     if pattern is not None and not pattern.match(value):
         raise _Bad(path, value, 'expected %s' % what)
     return value

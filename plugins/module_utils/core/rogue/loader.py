@@ -17,11 +17,12 @@ import datetime
 import ipaddress
 import re
 
-from .. import safe_files
+from .. import safe_files, validation
 from ..errors import GpuFleetError, InvalidArgument, MissingLibrary
 from ..textmatch import compile_regex
 from ..text import clean_text
 from ..units import parse_duration
+from ..validation import DocumentLimitError, Errors, Invalid, join, type_name
 from . import rules as R
 from .config import AllowEntry, CustomRule, RogueConfig
 
@@ -54,14 +55,16 @@ class RulesError(GpuFleetError):
                                                    for src, ln, fld, text in self.errors))
 
     @classmethod
-    def combine(cls, errors):
-        """One RulesError for all ``errors`` (tuples as in ``errors``), sorted by line."""
-        errors = sorted(errors, key=lambda item: item[1] or 0)
+    def collected(cls, source, items):
+        """One RulesError for the validator's ``items`` ((path, value, why, line), see core/validation.py), sorted by line."""
+        errors = sorted(((source, line, path or None, why) for path, _value, why, line in items), key=lambda item: item[1] or 0)
         return cls(errors[0][0], errors[0][1], errors[0][2], errors[0][3], errors)
 
 
 class _Val(object):
-    """A value of the rules document with its YAML node (line numbers) and its path."""
+    """A value of the rules document with its YAML node (line numbers) and its path; the checks of
+    core/validation.py, with the line.  ``errors`` (a validation.Errors) is shared by the whole
+    document: every error is collected."""
 
     def __init__(self, value, node, path, source, loader=None, errors=None):
         self.value = value
@@ -69,81 +72,60 @@ class _Val(object):
         self.path = path
         self.source = source
         self.loader = loader
-        self.errors = [] if errors is None else errors   # shared by the whole document: every error is collected
+        self.errors = Errors() if errors is None else errors
 
     def run(self, func, *args):
-        """func(*args), or None with its RulesError collected (the other fields are checked as well)."""
-        try:
-            return func(*args)
-        except RulesError as exc:
-            self.errors.extend(exc.errors)
-            return None
+        """func(*args), or None with its error collected (the other fields are checked as well)."""
+        return self.errors.run(func, *args)
 
     @property
     def line(self):
-        if self.node is None:
-            return None
-        return self.node.start_mark.line + 1
+        return _line(self.node)
 
-    def error(self, why, node=None):
-        line = self.line if node is None else node.start_mark.line + 1
-        return RulesError(self.source, line, self.path, why)
+    def error(self, why):
+        return Invalid(self.path, self.value, why, line=self.line)
 
-    def child(self, value, node, suffix):
-        path = '%s%s' % (self.path, suffix) if self.path else suffix.lstrip('.')
+    def _check(self, check, *args):
+        """check(value, self.path, *args), its error with the line of this value.  The value of a
+        YAML mapping or list node (walked through its nodes) is checked as an empty one."""
+        value = {} if isinstance(self.node, yaml.MappingNode) else [] if isinstance(self.node, yaml.SequenceNode) else self.value
+        try:
+            return check(value, self.path, *args)
+        except Invalid as exc:
+            raise self.error(exc.why)
+
+    def child(self, value, node, key):
+        path = join(self.path, key) if isinstance(key, str) else '%s[%d]' % (self.path, key)
         return _Val(value, node, path, self.source, self.loader, self.errors)
 
     def mapping(self, allowed):
         """{key: _Val} of a mapping, rejecting keys not in ``allowed``."""
-        if self.node is not None:
-            if not isinstance(self.node, yaml.MappingNode):
-                raise self.error('expected a mapping')
-            out = {}
-            for knode, vnode in self.node.value:
-                key = knode.value if isinstance(knode, yaml.ScalarNode) else None
-                if not isinstance(key, str) or key not in allowed:
-                    self.errors.append((self.source, knode.start_mark.line + 1, self._sub(str(key)),
-                                        'unknown key %r (allowed: %s)' % (key, ', '.join(sorted(allowed)))))
-                    continue
-                if key in out:
-                    raise RulesError(self.source, knode.start_mark.line + 1, self._sub(key), 'duplicate key')
-                out[key] = self.child(_construct(self.loader, vnode, self.source), vnode, '.' + key)
-            return out
-        if not isinstance(self.value, dict):
-            raise self.error('expected a mapping')
+        value = self._check(validation.mapping)
+        if self.node is None:
+            self.run(validation.only, value, self.path, allowed, None, 'key', True)
+            return dict((key, self.child(item, None, key)) for key, item in value.items() if key in allowed)
         out = {}
-        for key, value in self.value.items():
+        for knode, vnode in self.node.value:
+            key = knode.value if isinstance(knode, yaml.ScalarNode) else None
             if not isinstance(key, str) or key not in allowed:
-                self.errors.append((self.source, None, self._sub(str(key)),
-                                    'unknown key %r (allowed: %s)' % (key, ', '.join(sorted(allowed)))))
+                self.errors.add(join(self.path, str(key)), key, validation.unknown_key(key, allowed, named=True), _line(knode))
                 continue
-            out[key] = self.child(value, None, '.' + key)
+            if key in out:
+                raise Invalid(join(self.path, key), key, 'duplicate key', line=_line(knode))
+            out[key] = self.child(_construct(self.loader, vnode), vnode, key)
         return out
 
-    def _sub(self, key):
-        return '%s.%s' % (self.path, key) if self.path else key
-
     def sequence(self):
-        if self.node is not None:
-            if not isinstance(self.node, yaml.SequenceNode):
-                raise self.error('expected a list')
-            return [self.child(_construct(self.loader, n, self.source), n, '[%d]' % i) for i, n in enumerate(self.node.value)]
-        if not isinstance(self.value, (list, tuple)):
-            raise self.error('expected a list')
-        return [self.child(v, None, '[%d]' % i) for i, v in enumerate(self.value)]
+        value = self._check(validation.sequence)
+        if self.node is None:
+            return [self.child(v, None, i) for i, v in enumerate(value)]
+        return [self.child(_construct(self.loader, n), n, i) for i, n in enumerate(self.node.value)]
 
     def string(self, allow_empty=False):
-        if not isinstance(self.value, str) or (not allow_empty and not self.value.strip()):
-            raise self.error('expected a non-empty string, got %s' % _type_name(self.value))
-        return self.value
+        return self._check(validation.text, None, allow_empty)
 
     def integer(self, low, high):
-        value = self.value
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error('expected a whole number from %d to %d, got %s' % (low, high, _type_name(value)))
-        if not low <= value <= high:
-            raise self.error('%d is out of range %d-%d' % (value, low, high))
-        return value
+        return self._check(validation.in_range, low, high, True)
 
     def regex(self):
         pattern = self.string()
@@ -153,21 +135,19 @@ class _Val(object):
             raise self.error('bad regular expression %r: %s' % (pattern, exc.why))
 
 
-def _type_name(value):
-    if value is None:
-        return 'nothing (null)'
-    return type(value).__name__
+def _line(node):
+    return None if node is None else node.start_mark.line + 1
 
 
-def _construct(loader, node, source):
+def _construct(loader, node):
     """The Python value of a scalar node (mappings and sequences are walked through their nodes)."""
     if not isinstance(node, yaml.ScalarNode):
         return None
     try:
         return loader.construct_object(node, deep=True)
     except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
-        raise RulesError(source, node.start_mark.line + 1, None, 'cannot read the value %r: %s' % (
-            clean_text(node.value, 80), clean_text(getattr(exc, 'problem', None) or exc, 200)))
+        raise Invalid('', node.value, 'cannot read the value %r: %s' % (
+            clean_text(node.value, 80), clean_text(getattr(exc, 'problem', None) or exc, 200)), line=_line(node))
 
 
 def _parse_document(text, source):
@@ -181,7 +161,7 @@ def _parse_document(text, source):
             raise RulesError(source, None, None, 'not UTF-8 text: %s' % exc)
     if len(text) > MAX_RULES_FILE:
         raise RulesError(source, None, None, 'larger than %d bytes' % MAX_RULES_FILE)
-    from ..policy import DocumentLimitError, yaml_loader  # pylint: disable=import-outside-toplevel
+    from ..policy import yaml_loader  # pylint: disable=import-outside-toplevel
     try:
         loader = yaml_loader()(text)   # the policy's loader: the same nesting and alias limits
     except yaml.YAMLError as exc:
@@ -263,8 +243,8 @@ def _policy():
 def _apply_all(config, root, now):
     """_apply, then every error of the document at once."""
     root.run(_apply, config, root, now)
-    if root.errors:
-        raise RulesError.combine(root.errors)
+    if root.errors.items:
+        raise RulesError.collected(root.source, root.errors.items)
 
 
 def _apply(config, root, now):
@@ -453,7 +433,7 @@ def _expiry(item):
         except (ValueError, IndexError):
             raise item.error('expected a date (YYYY-MM-DD) or an ISO 8601 date and time, got %r' % value)
     else:
-        raise item.error('expected a date (YYYY-MM-DD), got %s' % _type_name(value))
+        raise item.error('expected a date (YYYY-MM-DD), got %s' % type_name(value))
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=datetime.timezone.utc)
     return parsed

@@ -17,7 +17,7 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils import node_python
+from ansible_collections.gpufleet.reclaim.plugins.module_utils import gpu_module, node_python
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_audit, gpu_facts, gpu_kill, gpu_remediate, gpu_reset
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 
@@ -300,7 +300,7 @@ def test_each_module_calls_the_helper_once_its_arguments_are_parsed(module, monk
     def fake(ansible_module):
         seen.append(ansible_module.params)
         raise h.ExitJson({'respawned': True})
-    monkeypatch.setattr(module, 'respawn_if_needed', fake)
+    monkeypatch.setattr(gpu_module, 'respawn_if_needed', fake)  # every main() runs through gpu_module.run_module
     assert h.run_main(module.main, {}) == {'respawned': True} and len(seen) == 1
 
 

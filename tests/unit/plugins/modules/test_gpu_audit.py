@@ -19,13 +19,13 @@ import time
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.reclaim.plugins.doc_fragments import _attributes
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, history
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.model import Device, GpuProcess
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import ProcessInventory
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import Snapshot
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_audit, gpu_kill
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.modules.module_docs import documented_options
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import DEEP_TOML, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs
 
 XMR = '45ASi45ub7Qe4ZE36UT5G6cU4ud8Fhhe4deS4F3cw9KTAb8dLcukC7edhDQ7cn5d4gEYkbUrMWeWQLGsCmrG6dLaYyNoVKf'
@@ -216,17 +216,6 @@ def test_history_report(node):
 def test_invalid_options(node, args, field):
     result = run_module(base(node, **args))
     assert result['failed'] and result['field'] == field
-
-
-def documented_options(module):
-    """A module's options: its own and those of the collection's doc fragments it extends."""
-    doc = yaml.safe_load(module.DOCUMENTATION)
-    options = dict(doc['options'])
-    for name in doc.get('extends_documentation_fragment') or ():
-        if name.startswith('gpufleet.reclaim._attributes.'):
-            fragment = getattr(_attributes.ModuleDocFragment, name.rsplit('.', 1)[1])
-            options.update(yaml.safe_load(fragment).get('options') or {})
-    return options
 
 
 def test_documentation_matches_the_argument_spec():

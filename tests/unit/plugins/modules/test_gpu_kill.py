@@ -16,6 +16,7 @@ import time
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, processes
+from ansible_collections.gpufleet.reclaim.plugins.module_utils import gpu_module
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_kill
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 
@@ -69,8 +70,8 @@ def test_no_selector_fails_before_reading_anything():
 
 
 def test_missing_psutil_fails_with_missing_required_lib(monkeypatch):
-    monkeypatch.setattr(gpu_kill, 'HAS_PSUTIL', False)
-    monkeypatch.setattr(gpu_kill, 'PSUTIL_IMPORT_ERROR', 'Traceback: No module named psutil')
+    monkeypatch.setattr(gpu_module, 'HAS_PSUTIL', False)
+    monkeypatch.setattr(gpu_module, 'PSUTIL_IMPORT_ERROR', 'Traceback: No module named psutil')
     result = run_module(None, {'users': ['bob']})
     assert result['failed'] is True and 'psutil' in result['msg']
 

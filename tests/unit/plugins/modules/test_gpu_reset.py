@@ -18,9 +18,11 @@ import yaml
 from ansible.module_utils import basic
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes
+from ansible_collections.gpufleet.reclaim.plugins.module_utils import gpu_module
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_reset
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.modules.module_docs import documented_options
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_reset import (  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_reset import (  # noqa: F401 pylint: disable=unused-import
     BUS, SIM_BIN, audit, blocker, by_index, check_of, gpu_state, node, systemctl_log)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='the fake nvidia-smi resets only as root, like the real one')
@@ -66,10 +68,11 @@ def sim(node, audit, monkeypatch):
 def test_argument_spec_matches_the_documented_options():
     doc = yaml.safe_load(gpu_reset.DOCUMENTATION)
     spec = gpu_reset.argument_spec()
+    options = documented_options(gpu_reset)
     # driver_timeout (issue #17) is documented by the doc fragment _attributes.DRIVER_TIMEOUT
-    assert set(spec) == set(doc['options']) | {'driver_timeout'}
+    assert set(spec) == set(options)
     assert 'gpufleet.reclaim._attributes.DRIVER_TIMEOUT' in doc['extends_documentation_fragment']
-    for name, option in doc['options'].items():
+    for name, option in options.items():
         assert spec[name].get('default') == option.get('default'), name
         assert spec[name]['type'] == option['type'], name
 
@@ -82,8 +85,8 @@ def test_invalid_arguments_fail_naming_the_field(args, field):
 
 
 def test_missing_psutil_fails_with_missing_required_lib(monkeypatch):
-    monkeypatch.setattr(gpu_reset, 'HAS_PSUTIL', False)
-    monkeypatch.setattr(gpu_reset, 'PSUTIL_IMPORT_ERROR', 'Traceback: No module named psutil')
+    monkeypatch.setattr(gpu_module, 'HAS_PSUTIL', False)
+    monkeypatch.setattr(gpu_module, 'PSUTIL_IMPORT_ERROR', 'Traceback: No module named psutil')
     result = run_module({'all': True})
     assert result['failed'] is True and 'psutil' in result['msg']
 

@@ -14,7 +14,7 @@ import yaml
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import rogue
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'fixtures', 'rogue')
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', '..', '..', 'fixtures', 'rogue')
 GPU_TOTAL_MIB = 81559
 NOW = datetime.datetime(2026, 1, 15, tzinfo=datetime.timezone.utc)
 

@@ -12,6 +12,7 @@ import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import identity as I
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.history import SampleStore
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import (
     BOMB_LINE, DEEP_TOML, GIB, MONDAY_NOON, TOO_DEEP, TOO_MANY_ALIASED, billion_laughs, pids, proc, rules, snapshot)
 
@@ -611,34 +612,46 @@ def test_time_window_multipliers():
 IDLE = 'users: {alice: {idle: {util_max_pct: 5, mem_min_gib: 1, for: 10m}}}\n'
 
 
-def test_idle_clock_fires_after_the_duration_and_activity_resets_it():
+@pytest.fixture
+def samples(tmp_path):
+    """The usage history the idle clocks are derived from (the guard records each tick's snapshot first)."""
+    with SampleStore(str(tmp_path / 'history.db')) as store:
+        yield store
+
+
+def observe(policy, snap, state, now, store):
+    store.record(snap, now)
+    return P.observe(policy, snap, state, now, NO_GROUPS, store)
+
+
+def test_idle_clock_fires_after_the_duration_and_activity_resets_it(samples):
     policy = load(IDLE)
     t = MONDAY_NOON
     idle = snapshot([proc(1, 'alice', {0: 4 * GIB}, util=2), proc(2, 'alice', {1: 512}, util=0)])
     busy = snapshot([proc(1, 'alice', {0: 4 * GIB}, util=60), proc(2, 'alice', {1: 512}, util=0)])
     state = {}
     for step in range(0, 11):                       # one sample a minute, idle the whole time
-        state = P.observe(policy, idle, state, t + 60 * step, NO_GROUPS)
+        state = observe(policy, idle, state, t + 60 * step, samples)
     assert state['idle'] == {'1:10': {'since': t}}  # the 512 MiB process holds less than mem_min: no clock
     assert [(v.rule, v.pids) for v in evaluate(policy, idle, state, t + 600)] == [('idle', [1])]
     assert evaluate(policy, idle, state, t + 540) == []
-    state = P.observe(policy, busy, state, t + 660, NO_GROUPS)   # activity: the clock stops
+    state = observe(policy, busy, state, t + 660, samples)   # activity: the clock stops
     assert state['idle'] == {}
-    state = P.observe(policy, idle, state, t + 720, NO_GROUPS)   # and starts again from here
+    state = observe(policy, idle, state, t + 720, samples)   # and starts again from here
     assert state['idle']['1:10']['since'] == t + 720
     assert evaluate(policy, idle, state, t + 1200) == []
 
 
-def test_idle_clock_restarts_after_a_gap_or_unknown_utilization():
+def test_idle_clock_restarts_after_a_gap_or_unknown_utilization(samples):
     policy = load(IDLE)
     t = MONDAY_NOON
     idle = snapshot([proc(1, 'alice', {0: 4 * GIB}, util=0)])
-    state = P.observe(policy, idle, {}, t, NO_GROUPS)
-    state = P.observe(policy, idle, state, t + 3600, NO_GROUPS)      # no sample for an hour: do not trust it
+    state = observe(policy, idle, {}, t, samples)
+    state = observe(policy, idle, state, t + 3600, samples)      # no sample for an hour: do not trust it
     assert state['idle']['1:10']['since'] == t + 3600
     unknown = snapshot([proc(1, 'alice', {0: 4 * GIB}, util=None)])
     unknown.devices[0].utilization_pct = None
-    state = P.observe(policy, unknown, state, t + 3660, NO_GROUPS)
+    state = observe(policy, unknown, state, t + 3660, samples)
     assert state['idle'] == {}
 
 

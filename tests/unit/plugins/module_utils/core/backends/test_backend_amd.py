@@ -312,7 +312,7 @@ def test_library_free_path_failure_modes(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------- NVIDIA and AMD in one host
 def test_a_host_with_nvidia_and_amd_gpus_has_host_wide_indexes():
     nvidia_fake = pytest.importorskip(
-        'ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_gpu_nvidia_fake')
+        'ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.backends.test_gpu_nvidia_fake')
     clock = FakeClock()
     snap = take_snapshot(factories={'nvidia': lambda: NvidiaBackend(nvml=nvidia_fake.fake_nvml()),
                                     'amd': lambda: amdsmi_backend(clock)},

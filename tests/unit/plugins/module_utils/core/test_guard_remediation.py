@@ -14,7 +14,7 @@ import pytest
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import xid
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import MONDAY_NOON, snapshot
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_guard import Node
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_guard import Node
 
 POLICY = '''
 mode: %s

@@ -31,8 +31,8 @@ import pytest
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, history, killer
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import GIB, proc, snapshot
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_guard import Node, decisions
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_killer import FakeClock
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_guard import Node, decisions
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_killer import FakeClock
 
 
 # ---------------------------------------------------------------------------- helpers

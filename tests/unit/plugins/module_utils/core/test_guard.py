@@ -643,3 +643,34 @@ def test_a_listed_pid_that_holds_no_gpu_file_here_is_never_signalled(tmp_path):
     finally:
         child.kill()
         child.wait(10)
+
+
+# ============================================================================ idle clocks from the usage history
+IDLE_POLICY = 'mode: dry-run\nusers: {alice: {idle: {util_max_pct: 1, mem_min_gib: 1, for: 10m}}}\nnotify: {tty: false}\n'
+
+
+def idle_rules(summary):
+    return [v['rule'] for v in summary['violations']]
+
+
+def test_idle_clocks_come_from_the_history_not_the_state(tmp_path):
+    pytest.importorskip('ansible_collections.gpufleet.reclaim.plugins.module_utils.core.history')
+    node = Node(tmp_path, policy=IDLE_POLICY, snap=snapshot([proc(1, 'alice', {0: 4 * GIB}, util=0)]))
+    for _step in range(10):
+        assert idle_rules(node.tick(60)) == []
+    assert 'idle' not in node.state() and 'idle_sampled_at' not in node.state()
+    assert idle_rules(node.tick(60)) == ['idle']                    # 10 minutes of samples
+    # a state file of an earlier release (with its clocks) is read; its clocks are not used or kept
+    state = node.state()
+    state.update(idle={'1:10': {'since': 0}}, idle_sampled_at=node.clock.now)
+    with open(node.paths.state, 'w') as handle:
+        json.dump(state, handle)
+    os.remove(node.paths.history)                                            # no samples: no clock
+    summary = node.tick(60)
+    assert idle_rules(summary) == [] and not [w for w in summary['warnings'] if 'state' in w]
+    assert 'idle' not in node.state()
+    # dry_run (gpu_audit policy=) reads the same history, read-only
+    for _step in range(11):
+        node.tick(60)
+    violations, _notes, _warnings = guard.dry_run(P.load_policy(node.paths.policy), node.snap, node.paths, now=node.clock.now)
+    assert [v['rule'] for v in violations] == ['idle']

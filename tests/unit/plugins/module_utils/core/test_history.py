@@ -64,7 +64,7 @@ def test_record_creates_a_private_database(tmp_path):
     conn = sqlite3.connect(db)
     try:
         meta = dict(conn.execute('SELECT key, value FROM meta'))
-        assert meta == {'schema_version': '1', 'retention_days': '30'}
+        assert meta == {'schema_version': '2', 'retention_days': '30'}   # 2: the idleness rule's covering index
         rows = conn.execute('SELECT gpu_index, gpu_uuid, pid, starttime, user, name, cmdline, used_mib, util_pct FROM samples'
                             ' ORDER BY pid, gpu_index').fetchall()
         assert rows == [(0, 'GPU-0', 100, 1000, 'alice', 'python', 'python train.py', 4000, 90.0),

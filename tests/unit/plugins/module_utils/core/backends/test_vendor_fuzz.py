@@ -15,8 +15,8 @@ import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import amd
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.drm_test_helpers import FakeClock
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_backend_amd import FakeAmdSmi, amdsmi_backend
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_backend_intel import DISCOVERY, STATS, IntelHost, XE_BDF
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.backends.test_backend_amd import FakeAmdSmi, amdsmi_backend
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.backends.test_backend_intel import DISCOVERY, STATS, IntelHost, XE_BDF
 
 pytest.importorskip('hypothesis')
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402  pylint: disable=wrong-import-position

@@ -17,7 +17,8 @@ import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import killer
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.idle import UtilizationHistory
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.history import SampleStore
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.idle import IdleRule, idle_pids
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import Selector
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
@@ -193,57 +194,26 @@ def test_idle_for_needs_two_samples_far_enough_apart(node, tmp_path):
     idle = node.spawn(0, 1024, util=0)
     node.spawn(0, 1024, util=60)
     node.spawn(1, 1024, util=3)  # below the default 5 % threshold: idle as well
-    history = UtilizationHistory(str(tmp_path / 'util.json'))
     selector = Selector(idle_for='2s', min_used_mib=1024)
 
+    def sample(snap, pct=5):
+        # one gpu_kill run: record the snapshot in the usage history, then the idleness rule over it
+        with SampleStore(str(tmp_path / 'history.db')) as store:
+            now = time.time()
+            store.record(snap, now)
+            return idle_pids(IdleRule(pct), snap, now, store)
+
     first = snapshot(node)
-    assert history.update(first, time.time()) == []
-    assert selector.select(first, idle_since=history.idle_since(first, 5)) == []  # the first sample only starts the clock
+    assert selector.select(first, idle_since=sample(first)) == []  # the first sample only starts the clock
 
     time.sleep(2.2)
     second = snapshot(node)
-    history = UtilizationHistory(str(tmp_path / 'util.json'))  # a later run reads what the first one saved
-    assert history.update(second, time.time()) == []
-    since = history.idle_since(second, 5)
+    since = sample(second)  # a later run reads what the first one saved
     matches = selector.select(second, idle_since=since)
     low = [p.pid for p in second.processes if p.util_pct == 3]
     assert sorted(m.proc.pid for m in matches) == sorted([idle] + low)
     assert 'idle (<= 5% utilization) for ' in ' '.join(matches[0].reasons)
     # A stricter threshold drops the 3 % process; a longer window selects nothing yet.
     assert [m.proc.pid for m in Selector(idle_for='2s', idle_util_pct=0).select(
-        second, idle_since=history.idle_since(second, 0))] == [idle]
+        second, idle_since=sample(second, 0))] == [idle]
     assert Selector(idle_for='1h').select(second, idle_since=since) == []
-
-
-def test_idle_history_keys_on_identity_and_breaks_on_a_busy_sample(tmp_path):
-    class Proc(object):
-        def __init__(self, pid, starttime, util):
-            self.pid, self.starttime, self.util_pct, self.gpu_indexes = pid, starttime, util, [0]
-
-    class Snap(object):
-        def __init__(self, *procs):
-            self.processes = list(procs)
-
-        def device(self, index):
-            return None  # no device figure to fall back on
-
-    history = UtilizationHistory(str(tmp_path / 'u.json'))
-    history.record(Snap(Proc(10, 500, 0)), 1000.0)
-    history.record(Snap(Proc(10, 500, 90)), 1100.0)
-    history.record(Snap(Proc(10, 500, 0)), 1200.0)
-    history.record(Snap(Proc(10, 500, None)), 1300.0)
-    assert history.idle_since(Snap(Proc(10, 500, None)), 5) == {}          # unknown breaks the run
-    history.record(Snap(Proc(10, 500, 1)), 1400.0)
-    assert history.idle_since(Snap(Proc(10, 500, 1)), 5) == {10: 1400.0}   # only since the unknown sample
-    history.record(Snap(Proc(10, 777, 0)), 1500.0)                          # pid reused: a new history
-    assert history.idle_since(Snap(Proc(10, 777, 0)), 5) == {10: 1500.0}
-    assert list(history.samples) == ['10:777']
-
-
-def test_unreadable_history_restarts_with_a_warning(tmp_path):
-    path = tmp_path / 'u.json'
-    path.write_text('{"processes": {"1:2": [[1, "x"], ["y", 1], [5.0, 0]]}}')
-    assert UtilizationHistory(str(path)).load().samples == {'1:2': [[5.0, 0]]}
-    path.write_text('not json')
-    history = UtilizationHistory(str(path)).load()
-    assert history.samples == {} and 'restarted' in history.warning
