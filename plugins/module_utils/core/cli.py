@@ -11,7 +11,8 @@ or through the launcher that role installs (``/opt/gpufleet/bin/gpufleet-guard``
 
 Commands: ``tick`` (one enforcement pass, what the timer runs), ``test`` (what a tick would do
 now, changing nothing), ``check-config FILE``, ``list [--watch] [--json]``, ``kill``, ``reset``,
-``audit`` (rogue scan to the audit log) and ``verify-log``.  ``--root DIR`` prefixes every
+``audit`` (rogue scan to the audit log), ``verify-log``, and the Slurm ``epilog`` and ``prolog``
+(core/slurm_scripts.py).  ``--root DIR`` prefixes every
 default path (tests); ``--policy``, ``--state``, ``--log``, ``--metrics``, ... name files directly.
 
 Exit codes: 0 ok; 1 a failure (invalid policy, failed action, broken log chain, ...); 2 usage.
@@ -117,6 +118,10 @@ def build_parser(only=None):
         cmd.add_argument('--no-log', action='store_true', help='print only; do not append to the audit log')
         cmd.add_argument('--json', action='store_true')
 
+    for script in ('epilog', 'prolog'):
+        if only in (None, script):
+            _slurm_script_parser(sub, script)
+
     if only in (None, 'verify-log'):
         cmd = sub.add_parser('verify-log', help='check the hash chain of a log (default: the guard log)')
         cmd.add_argument('files', nargs='*', help='log files (default: the guard log)')
@@ -124,6 +129,25 @@ def build_parser(only=None):
         cmd.add_argument('--log', dest='path_log', metavar='PATH')
         cmd.add_argument('--json', action='store_true')
     return parser
+
+
+def _slurm_script_parser(sub, script):
+    from . import slurm_scripts as scripts  # pylint: disable=import-outside-toplevel
+    cmd = sub.add_parser(script, help='Slurm %s: %s (docs/slurm.md)' % (script, {
+        'epilog': 'end what the ending job left on its GPUs, check the memory came back, drain the node if not',
+        'prolog': 'refuse the job when its GPUs hold memory or processes not of it (drain, exit 1)'}[script]))
+    _common(cmd)
+    cmd.add_argument('--grace', type=float, default=scripts.DEFAULT_GRACE_S, help='seconds between SIGTERM and SIGKILL')
+    cmd.add_argument('--kill-wait', type=float, default=scripts.DEFAULT_KILL_WAIT_S, help='seconds to wait after SIGKILL')
+    cmd.add_argument('--release-timeout', type=float, default=scripts.DEFAULT_RELEASE_TIMEOUT_S,
+                     help='seconds for the GPU memory to come back (default %g)' % scripts.DEFAULT_RELEASE_TIMEOUT_S)
+    cmd.add_argument('--slurm-timeout', type=float, default=10.0, help='seconds per Slurm command (squeue, scontrol)')
+    cmd.add_argument('--driver-timeout', type=float, default=scripts.DEFAULT_DRIVER_TIMEOUT_S, help='seconds per driver read')
+    cmd.add_argument('--script-metrics', metavar='PATH',
+                     help='textfile of this script (default: gpufleet_slurm_%s.prom next to the guard\'s metrics; empty: none)' % script)
+    cmd.add_argument('--no-drain', action='store_true', help='never drain the node (report only)')
+    cmd.add_argument('--dry-run', action='store_true', help='decide and report; signal and drain nothing, exit 0')
+    cmd.add_argument('--json', action='store_true')
 
 
 def _paths(args):
@@ -448,8 +472,35 @@ def cmd_verify_log(args, out):
     return 0 if all(r['valid'] for r in results) else 1
 
 
+def cmd_slurm_script(args, out):
+    from . import slurm_scripts as scripts  # pylint: disable=import-outside-toplevel
+    paths = _paths(args)
+    settings = _settings(args, paths)
+    textfile = args.script_metrics
+    if textfile is None and paths.metrics:
+        textfile = os.path.join(os.path.dirname(paths.metrics), 'gpufleet_slurm_%s.prom' % args.command)
+    try:
+        options = scripts.ScriptOptions(grace=args.grace, kill_wait=args.kill_wait, release_timeout=args.release_timeout,
+                                        slurm_timeout=args.slurm_timeout, driver_timeout=args.driver_timeout, vendor=settings.vendor,
+                                        log=paths.log, metrics=textfile or None, drain=not args.no_drain, dry_run=args.dry_run)
+        result = getattr(scripts, args.command)(options)
+    except scripts.SlurmError as exc:
+        _err(str(exc))
+        return scripts.EXIT_USAGE
+    if args.json:
+        _print_json(result, out)
+    else:
+        _line(out, '%s job %s on %s: killed %d, spared %d, blocking %d, unreleased %s, drained %s, exit %d in %.2fs' % (
+            args.command, (result.get('job') or {}).get('job'), result['node'], len(result['killed']), len(result['spared']),
+            len(result['blocking']), ','.join('GPU %s %s MiB' % (u['gpu'], u['mib']) for u in result['unreleased']) or 'none',
+            result['drained'] or 'no', result['rc'], result['seconds']))
+        for warning in result['warnings']:
+            _err('warning: %s' % warning)
+    return result['rc']
+
+
 COMMANDS = {'tick': cmd_tick, 'test': cmd_test, 'check-config': cmd_check_config, 'list': cmd_list, 'kill': cmd_kill,
-            'reset': cmd_reset, 'audit': cmd_audit, 'verify-log': cmd_verify_log}
+            'reset': cmd_reset, 'audit': cmd_audit, 'verify-log': cmd_verify_log, 'epilog': cmd_slurm_script, 'prolog': cmd_slurm_script}
 
 
 def main(argv=None, out=None):

@@ -298,11 +298,15 @@ def build_context(policy, snapshot, paths, settings, proc_root='/proc', exe_hash
         u.get('require_allocation') for u in policy.users.values()) or any(
         g.limits.get('require_allocation') for g in policy.groups)
     scheduler = policy_mod.detect_scheduler(proc_root) if needs_allocation else None
-    allocations = None
+    allocations = {'allocations': None}
     if needs_allocation:
         path = policy.allocations_file or paths.allocations
         if path:
-            allocations = policy_mod.read_allocations(path)
+            allocations['allocations'] = policy_mod.read_allocations(path)
+        if scheduler == 'slurm':  # Slurm itself is the truth on its nodes (docs/slurm.md)
+            allocations = policy_mod.slurm_allocations(snapshot=snapshot)
+            if allocations.get('allocation_error'):
+                warnings.append('require_allocation: %s; the rule is not evaluated' % allocations['allocation_error'])
     findings = None
     if policy.rogue.enabled:
         try:
@@ -317,8 +321,8 @@ def build_context(policy, snapshot, paths, settings, proc_root='/proc', exe_hash
             warnings.append('the rogue detector is not available in this build; rogue rules were not evaluated')
         except GpuFleetError as exc:
             warnings.append('rogue detection failed: %s' % exc)
-    return warnings, policy_mod.Context(scheduler=scheduler, allocations=allocations, rogue_findings=findings,
-                                        proc_root=proc_root, exe_cache=exe_hashes)
+    return warnings, policy_mod.Context(scheduler=scheduler, rogue_findings=findings, proc_root=proc_root, exe_cache=exe_hashes,
+                                        **allocations)
 
 
 def violation_dict(violation, patterns):

@@ -390,6 +390,8 @@ def scan_device_fds(proc_root='/proc', dev_roots=None, exclude=(), pids=None):
 
 
 SCHEDULER_DAEMONS = ('slurmd', 'kubelet')
+# the executables a daemon may run as: Debian's /usr/sbin/slurmd is an alternatives link to slurmd-wlm
+SCHEDULER_EXES = {'slurmd': ('slurmd', 'slurmd-wlm'), 'kubelet': ('kubelet',)}
 
 
 def root_daemon_name(pid, proc_root='/proc'):
@@ -412,7 +414,8 @@ def scheduler_daemon(proc_root='/proc'):
     """'slurmd' or 'kubelet' when root runs one here, else None.
 
     Any user can name a process ``slurmd``: the comm files only pick the candidates, and a
-    candidate counts only when ``root_daemon_name`` vouches for it and its executable has that name.
+    candidate counts only when ``root_daemon_name`` vouches for it and its executable has that name
+    (``SCHEDULER_EXES``: Debian's slurmd runs as ``slurmd-wlm``).
     """
     try:
         entries = os.listdir(proc_root)
@@ -426,7 +429,7 @@ def scheduler_daemon(proc_root='/proc'):
                 comm = handle.read(64).decode('utf-8', 'replace').rstrip('\n')
         except OSError:
             continue
-        if comm in SCHEDULER_DAEMONS and root_daemon_name(entry, proc_root) == comm:
+        if comm in SCHEDULER_DAEMONS and root_daemon_name(entry, proc_root) in SCHEDULER_EXES[comm]:
             return comm
     return None
 

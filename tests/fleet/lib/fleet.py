@@ -734,10 +734,13 @@ class Fleet:
     """Brings up a fleet (see `up`)."""
 
     def __init__(self, fleet_dir, nodes, gpus=4, vendor='nvidia', init_args=(), python=None,
-                 timeout=None, use_gpusim=True, quiet=False, vendors=None, systemd=False, slurm=False):
+                 timeout=None, use_gpusim=True, quiet=False, vendors=None, systemd=False, slurm=False, slurm_proctrack=None,
+                 slurm_conf=()):
         self.dir = os.path.abspath(fleet_dir)
         self.systemd = systemd
         self.slurm = slurm
+        self.slurm_proctrack = slurm_proctrack  # --slurm-proctrack: 'cgroup', 'linuxproc' or None (fleet_slurm.choose_proctrack)
+        self.slurm_conf = [str(line) for line in slurm_conf or ()]  # --slurm-conf: extra slurm.conf lines
         self.cluster = None      # --slurm: fleet_slurm.Cluster
         self.count = nodes
         self.gpus = gpus
@@ -783,6 +786,10 @@ class Fleet:
             if self.systemd:
                 raise FleetError('--slurm runs slurmd under a node\'s own init: it does not go with --systemd')
             fleet_slurm.check_host()
+        elif self.slurm_proctrack or self.slurm_conf:
+            raise FleetError('--slurm-proctrack and --slurm-conf go with --slurm')
+        if any('\n' in line or '\r' in line for line in self.slurm_conf):
+            raise FleetError('--slurm-conf: one slurm.conf line per option, without line breaks')
         if self.vendors and any(v not in VENDORS for v in self.vendors):
             raise FleetError('--vendors: each vendor must be one of %s, got %s' % (', '.join(VENDORS), ','.join(self.vendors)))
         if self.use_gpusim:
@@ -1256,12 +1263,16 @@ def main_up(argv=None):
                         help='every node is a systemd-nspawn container with systemd as pid 1 (package systemd-container)')
     parser.add_argument('--slurm', action='store_true',
                         help='a real Slurm: munged and slurmctld on 127.0.0.1, slurmd inside every node (docs/slurm.md)')
+    parser.add_argument('--slurm-proctrack', choices=('cgroup', 'linuxproc'),
+                        help='with --slurm: how slurmd tracks a job\'s processes (default: cgroup where a v1 freezer is writable)')
+    parser.add_argument('--slurm-conf', action='append', default=[], metavar='LINE',
+                        help='with --slurm: a line added to slurm.conf (repeatable), e.g. Epilog=/opt/gpufleet/slurm/epilog.d/*')
     parser.add_argument('-q', '--quiet', action='store_true')
     args = parser.parse_args(argv)
     try:
         up(args.dir, args.nodes, gpus=args.gpus, vendor=args.vendor, init_args=args.init_arg, python=args.python,
            timeout=args.timeout, use_gpusim=not args.no_gpusim, quiet=args.quiet, vendors=args.vendors, systemd=args.systemd,
-           slurm=args.slurm)
+           slurm=args.slurm, slurm_proctrack=args.slurm_proctrack, slurm_conf=args.slurm_conf)
     except FleetError as exc:
         say('fleet up: error: %s' % exc)
         return 1

@@ -38,7 +38,7 @@ The modules, bottom to top (each imports only those above it in this list):
 from __future__ import annotations
 
 from ..constants import ROGUE_LEVELS
-from .context import Context, detect_scheduler, read_allocations
+from .context import Context, detect_scheduler, read_allocations, slurm_allocations
 from .evaluate import evaluate, evaluate_detailed
 from .gpukill import GPUKILL_KEYS
 from .idle_clocks import observe
@@ -63,6 +63,6 @@ __all__ = (
     'ROGUE_LEVELS', 'RULES', 'TIME_WINDOW_KEYS', 'TOML_MISSING', 'TOP_KEYS',
     'Context', 'DocumentLimitError', 'Policy', 'PolicyError', 'Violation', 'Window',
     'detect_scheduler', 'document_format', 'document_syntax', 'evaluate', 'evaluate_detailed', 'load_policy',
-    'load_policy_cached', 'load_policy_text', 'observe', 'parse_policy', 'read_allocations', 'read_document',
+    'load_policy_cached', 'load_policy_text', 'observe', 'parse_policy', 'read_allocations', 'read_document', 'slurm_allocations',
     'read_document_lines', 'yaml_loader',
 )

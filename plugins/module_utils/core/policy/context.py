@@ -15,6 +15,7 @@ import re
 from .. import safe_files
 from ..exe_hash import ExeHashes
 from ..processes import scheduler_daemon
+from ..slurm import SlurmClient, SlurmError, host_gpus, node_name
 
 
 class Context(object):
@@ -25,10 +26,13 @@ class Context(object):
     {gpu index: set of owner ids ('slurm:<job>' or 'pod:<uid>')} or None when unknown.
     rogue_findings: {pid: finding} from core.rogue, or None.  exe_hashes: {pid: sha256} (None: hash
     /proc/PID/exe through ``exe_cache``, an exe_hash.ExeHashes, when an exemption asks for a hash).
+    job_gpus: {'slurm:<job>': set of GPU indexes} of the jobs active on this node, from Slurm itself
+    (``slurm_allocations``); job_pids: {pid: job id} from slurmstepd (``scontrol listpids``);
+    allocation_error: why Slurm could not be asked (``require_allocation`` then does not fire).
     """
 
     def __init__(self, groups=None, scheduler=None, allocations=None, rogue_findings=None, exe_hashes=None,
-                 proc_root='/proc', exe_cache=None):
+                 proc_root='/proc', exe_cache=None, job_gpus=None, job_pids=None, allocation_error=None):
         self._groups = groups
         self._group_cache = {}
         self.scheduler = scheduler
@@ -37,6 +41,9 @@ class Context(object):
         self._exe_hashes = exe_hashes
         self.exe_cache = exe_cache if exe_cache is not None else ExeHashes(proc_root=proc_root)
         self.proc_root = proc_root
+        self.job_gpus = job_gpus
+        self.job_pids = job_pids or {}
+        self.allocation_error = allocation_error
         if scheduler == 'auto':
             self.scheduler = detect_scheduler(proc_root)
 
@@ -48,6 +55,15 @@ class Context(object):
         if user not in self._group_cache:
             self._group_cache[user] = _unix_groups(user)
         return self._group_cache[user]
+
+    def owner(self, proc):
+        """'slurm:<job>' or 'pod:<uid>' that vouches for ``proc``: its root-owned cgroup, else slurmstepd's pid list."""
+        if proc.slurm_job:
+            return 'slurm:%s' % proc.slurm_job
+        if proc.container is not None and proc.container.pod_uid:
+            return 'pod:%s' % proc.container.pod_uid
+        job = self.job_pids.get(proc.pid)
+        return 'slurm:%s' % job if job is not None else None
 
     def exe_sha256(self, proc):
         if self._exe_hashes is not None:
@@ -104,3 +120,27 @@ def read_allocations(path):
         return out
     except (OSError, ValueError):
         return None
+
+
+def slurm_allocations(client=None, node=None, snapshot=None):
+    """What Slurm says about this node, as Context keywords: ``job_gpus`` ({'slurm:<job>': GPU indexes} of the jobs
+    active here, GRES indexes as the snapshot's GPU indexes: slurm.host_gpus), ``job_pids`` (``scontrol listpids``) and ``allocations`` (the same per
+    GPU); or ``allocation_error`` naming why Slurm could not be asked.  One squeue and one scontrol, each bounded
+    (slurm.SlurmClient)."""
+    client = client or SlurmClient()
+    node = node or node_name()
+    try:
+        jobs = client.jobs(node)
+        pids = client.listpids()
+    except SlurmError as exc:
+        return {'allocation_error': 'Slurm could not be asked about node %s: %s' % (node, exc)}
+    job_gpus, allocations = {}, {}
+    for job in jobs.values():
+        if not job.active:
+            continue
+        owner = 'slurm:%s' % job.id
+        gpus = host_gpus(job.gpus, snapshot) if snapshot is not None else list(job.gpus or ())
+        job_gpus[owner] = set(gpus)
+        for gpu in gpus:
+            allocations.setdefault(gpu, set()).add(owner)
+    return {'job_gpus': job_gpus, 'job_pids': pids, 'allocations': allocations}

@@ -190,27 +190,35 @@ def _user_rules(run, user, procs):
                                          user, proc.pid, ','.join(str(g) for g in bad), user),
                                      procs=[_describe(proc)]))
     if lim.require_allocation and run.context.scheduler in ('slurm', 'kubernetes'):
+        if run.context.scheduler == 'slurm' and run.context.allocation_error:
+            note = 'require_allocation not evaluated: %s' % run.context.allocation_error
+            if note not in run.notes:
+                run.notes.append(note)
+            return out
         for proc in run.eligible(procs, 'require_allocation'):
-            owner = _owner(proc)
+            owner = run.context.owner(proc)
             allocations = run.context.allocations
+            job_gpus = run.context.job_gpus
             wrong = []
-            if owner is not None and allocations is not None:
+            if owner is not None and job_gpus is not None and owner.startswith('slurm:'):
+                given = job_gpus.get(owner)
+                wrong = sorted(_gpus_of(proc)) if given is None else [g for g in _gpus_of(proc) if g not in given]
+            elif owner is not None and allocations is not None:
                 wrong = [g for g in _gpus_of(proc) if g in allocations and owner not in allocations[g]]
             if owner is None or wrong:
-                why = ('runs outside any %s' % ('Slurm job' if run.context.scheduler == 'slurm' else 'pod')) if owner is None \
-                    else 'uses GPU %s, which is allocated to another job or pod' % ','.join(str(g) for g in wrong)
+                if owner is None:
+                    why = 'runs outside any %s' % ('Slurm job' if run.context.scheduler == 'slurm' else 'pod')
+                elif job_gpus is not None and owner.startswith('slurm:'):
+                    given = job_gpus.get(owner)
+                    why = 'uses GPU %s, which Slurm did not give its job %s (%s)' % (
+                        ','.join(str(g) for g in wrong), owner[6:], 'the job is not active on this node' if given is None
+                        else 'allocated GPUs: %s' % (','.join(str(g) for g in sorted(given)) or 'none'))
+                else:
+                    why = 'uses GPU %s, which is allocated to another job or pod' % ','.join(str(g) for g in wrong)
                 out.append(Violation('require_allocation', 'user:%s' % user, owner or 'none', 'allocated', action, [proc.pid],
                                      user=user, unit='', message='%s\'s GPU process %d (%s) %s' % (user, proc.pid, proc.name, why),
                                      procs=[_describe(proc)]))
     return out
-
-
-def _owner(proc):
-    if proc.slurm_job:
-        return 'slurm:%s' % proc.slurm_job
-    if proc.container is not None and proc.container.pod_uid:
-        return 'pod:%s' % proc.container.pod_uid
-    return None
 
 
 def _group_rules(run, by_user):

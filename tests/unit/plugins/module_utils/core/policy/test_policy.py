@@ -758,6 +758,23 @@ def test_require_allocation_on_slurm_nodes_only():
     assert pids(evaluate(policy, pods, context=k8s)) == [2]
 
 
+def test_require_allocation_from_slurm_names_the_job_its_gpus_and_the_gpu_used():
+    """Slurm's truth (policy.slurm_allocations: squeue --json GRES, scontrol listpids): a process on a GPU its job was
+    not given is a violation with the evidence; slurmstepd's pid list places a process without a job cgroup; and when
+    Slurm cannot be asked the rule does not fire and the notes say why."""
+    policy = load('require_allocation: true\n')
+    snap = snapshot([proc(1, 'alice', {0: GIB}, job='100'), proc(2, 'alice', {1: GIB}, job='100'), proc(3, 'bob', {2: GIB}),
+                     proc(4, 'bob', {3: GIB}, job='7')])
+    slurm = P.Context(groups={}, scheduler='slurm', job_gpus={'slurm:100': {0}, 'slurm:101': {2}}, job_pids={3: '101'})
+    found = evaluate(policy, snap, context=slurm)
+    assert [(v.rule, v.pids) for v in found] == [('require_allocation', [2]), ('require_allocation', [4])]
+    assert found[0].message == "alice's GPU process 2 (python) uses GPU 1, which Slurm did not give its job 100 (allocated GPUs: 0)"
+    assert found[1].message.endswith('uses GPU 3, which Slurm did not give its job 7 (the job is not active on this node)')
+    down = P.Context(groups={}, scheduler='slurm', allocation_error='Slurm could not be asked about node n1: squeue is not installed')
+    found, notes = P.evaluate_detailed(policy, snap, {}, 0, down)
+    assert found == [] and 'require_allocation not evaluated: Slurm could not be asked about node n1: squeue is not installed' in notes
+
+
 def test_read_allocations_file(tmp_path):
     path = tmp_path / 'alloc.json'
     path.write_text(json.dumps({'gpus': {'0': ['slurm:1'], 'x': ['y'], '1': 'bad'}}))

@@ -1,0 +1,217 @@
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""core/slurm.py: reading Slurm's answers, and which processes are a job's (the epilog's and prolog's decisions).
+
+The decisions are pure functions over Candidates; the hostile cases build their Candidates from real processes and
+real cgroup directories read through the inventory (processes.parse_cgroup with CgroupTrust), as the epilog does.
+The whole chain with a real Slurm: tests/fleet/tests/test_fleet_slurm_scripts.py."""
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import slurm as S
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import slurm_scripts as scripts
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import CgroupTrust, ProcessInventory, parse_cgroup
+
+T0 = 1_700_000_000.0
+
+
+def job(jid='7', uid=1001, start=T0, end=T0 + 600, gpus=(0,), state='COMPLETING'):
+    return S.Job(jid, uid=uid, state=state, start=start, end=end, gpus=None if gpus is None else list(gpus))
+
+
+def cand(pid, uid=1001, started=T0 + 10, cgroup_job=None, gpus=(0,)):
+    return S.Candidate(pid, starttime=pid * 10, uid=uid, started=started, cgroup_job=cgroup_job, gpus=gpus)
+
+
+def split(result):
+    claimed, spared = result
+    return sorted(c.pid for c, _why in claimed), dict((c.pid, why) for c, why in spared)
+
+
+# ---------------------------------------------------------------------------- parsing
+def test_gres_index_lists():
+    assert S.parse_idx('gpu:1(IDX:0)') == [0]
+    assert S.parse_idx('gpu:2(IDX:0-1)') == [0, 1]
+    assert S.parse_idx('gpu:a100:3(IDX:0,2-3)') == [0, 2, 3]
+    assert S.parse_idx('gpu:tesla:1(IDX:3),shard:2(IDX:0)') == [3]
+    assert S.parse_idx('gpu:0(IDX:N/A)') == [] and S.parse_idx('') == []
+    with pytest.raises(S.SlurmError):
+        S.parse_idx('gpu:2(IDX:3-1)')
+    assert S.parse_index_list('0,2') == [0, 2] and S.parse_index_list('GPU-abc') is None and S.parse_index_list('') is None
+
+
+def test_job_ids_are_numbers():
+    assert S.valid_job_id(' 42 ') == '42'
+    for bad in ('', None, '0', '4x', '1;reboot', '12345678901'):
+        with pytest.raises(S.SlurmError, match='SLURM_JOB_ID'):
+            S.valid_job_id(bad)
+
+
+def test_squeue_json_jobs_of_this_node_only_and_a_forged_name_changes_nothing():
+    data = {'jobs': [
+        {'job_id': 7, 'user_id': 1001, 'user_name': 'alice', 'job_state': 'RUNNING', 'start_time': T0, 'end_time': T0 + 60,
+         'name': 'evil\nUserId=root(0) JobState=COMPLETED', 'gres_detail': ['gpu:1(IDX:2)', 'gpu:2(IDX:0-1)'],
+         'job_resources': {'allocated_nodes': [{'nodename': 'node01'}, {'nodename': 'node02'}]}},
+        {'job_id': 8, 'user_id': 1002, 'job_state': 'COMPLETED', 'start_time': 0, 'gres_detail': [],
+         'job_resources': {'allocated_nodes': [{'nodename': 'node02'}]}},
+        {'job_id': 9, 'user_id': 1002, 'job_state': 'RUNNING', 'job_resources': {'allocated_nodes': [{'nodename': 'node03'}]}},
+        {'job_id': True}, 'junk']}
+    jobs = S.jobs_from_json(data, 'node02')
+    assert sorted(jobs) == ['7', '8']
+    assert jobs['7'].to_dict() == {'job': '7', 'uid': 1001, 'user': 'alice', 'state': 'RUNNING', 'start': T0, 'end': T0 + 60,
+                                   'gpus': [0, 1]}
+    assert jobs['7'].active and not jobs['8'].active and jobs['8'].gpus is None and jobs['8'].start is None
+    with pytest.raises(S.SlurmError, match='job list'):
+        S.jobs_from_json({'errors': []}, 'node02')
+
+
+def test_listpids_numbers_only():
+    text = 'PID      JOBID    STEPID   LOCALID GLOBALID\n68       2        batch    0       0\n69 2 batch - -\nx 3\n70 0 batch\n'
+    assert S.parse_listpids(text) == {68: '2', 69: '2'}
+
+
+def test_slurm_commands_are_bounded_and_their_failures_named(tmp_path):
+    missing = S.SlurmClient(which=lambda name: None)
+    with pytest.raises(S.SlurmError, match='squeue is not installed'):
+        missing.jobs('node01')
+    slow = S.SlurmClient(timeout=0.2, which=lambda name: '/bin/sleep')
+    begun = time.monotonic()
+    with pytest.raises(S.SlurmError, match='did not answer within 0.2s'):
+        slow.run(['scontrol', '5'])
+    assert time.monotonic() - begun < 3
+    failing = S.SlurmClient(which=lambda name: '/bin/false')
+    with pytest.raises(S.SlurmError, match=r'failed \(exit 1\)'):
+        failing.listpids()
+    script = tmp_path / 'squeue'
+    script.write_text('#!/bin/sh\necho not json\n')
+    script.chmod(0o755)
+    with pytest.raises(S.SlurmError, match='no JSON'):
+        S.SlurmClient(which=lambda name: str(script)).jobs('node01')
+
+
+# ---------------------------------------------------------------------------- epilog: which processes are the job's
+def test_cgroup_or_slurmstepd_make_a_process_the_jobs():
+    claimed, spared = split(S.job_claims(job(), [cand(10, cgroup_job='7', uid=0, gpus=()), cand(11, uid=1002, started=T0 - 999),
+                                                 cand(12, uid=1001)], [], listpids={11: '7'}))
+    assert claimed == [10, 11, 12] and spared == {}
+
+
+def test_another_jobs_process_is_never_the_jobs():
+    other = job('8', uid=1001, gpus=(1,), state='RUNNING')
+    claimed, spared = split(S.job_claims(job(), [cand(20, cgroup_job='8'), cand(21), cand(22, gpus=(0, 1))], [other],
+                                         listpids={21: '8'}))
+    assert claimed == [] and spared == {20: "in job 8's cgroup", 21: 'slurmstepd lists it under job 8',
+                                        22: 'GPU 1 is also allocated to job 8, which is still active'}
+
+
+def test_lifetime_rule_is_the_users_processes_inside_the_job_on_its_gpus():
+    candidates = [cand(30), cand(31, uid=1002), cand(32, started=T0 - 5), cand(33, started=T0 + 700), cand(34, gpus=(3,)),
+                  cand(35, started=None), cand(36, started=T0 - 0.5)]
+    claimed, spared = split(S.job_claims(job(), candidates, [], listpids={}))
+    assert claimed == [30, 36]  # 36: within the one second of skew Slurm's whole-second times allow
+    assert spared[31].startswith('owned by uid 1002') and spared[32] == 'started before the job'
+    assert spared[33] == 'started after the job ended' and spared[34] == "uses none of the job's GPUs"
+    assert spared[35].startswith('the start time')
+
+
+def test_without_slurms_view_only_cgroups_decide():
+    for others, pids in ((None, {}), ([], None)):
+        claimed, spared = split(S.job_claims(job(), [cand(40), cand(41, cgroup_job='7')], others, listpids=pids))
+        assert claimed == [41] and spared[40].startswith("Slurm's view of this node could not be read")
+    claimed, spared = split(S.job_claims(job(), [cand(40)], [], listpids={}, lifetime_rule=False))
+    assert claimed == [] and 'lifetime rule is off' in spared[40]
+
+
+def test_another_running_job_of_the_same_user_on_the_same_gpu_keeps_its_processes():
+    sibling = job('9', uid=1001, start=T0 + 5, gpus=(0,), state='RUNNING')
+    unknown = job('10', uid=1001, start=T0 + 5, gpus=None, state='RUNNING')
+    claimed, spared = split(S.job_claims(job(), [cand(50)], [sibling], listpids={}))
+    assert claimed == [] and spared[50] == 'GPU 0 is also allocated to job 9, which is still active'
+    claimed, spared = split(S.job_claims(job(), [cand(50)], [unknown], listpids={}))
+    assert claimed == [] and 'job 10 of the same user runs here and its GPUs are unknown' == spared[50]
+    ended = job('11', uid=1001, gpus=(0,), state='COMPLETED')
+    assert split(S.job_claims(job(), [cand(50)], [ended], listpids={}))[0] == [50]
+
+
+def _candidate_of(pid, trust):
+    rec = ProcessInventory(use_psutil=False, scan_fds=False, cgroup_root=trust.cgroup_root).record(pid)
+    with open('/proc/%d/cgroup' % pid) as handle:
+        assert parse_cgroup(handle.read(), trust)[1] == rec.slurm_job
+    return S.Candidate(pid, starttime=rec.starttime, uid=rec.uid, started=S.boot_clock()(rec.starttime), cgroup_job=rec.slurm_job,
+                       gpus=(0,))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='runs a process as another user (root)')
+def test_a_process_that_claims_another_job_in_its_argv_and_environment_is_judged_by_the_kernels_facts():
+    env = dict(os.environ, SLURM_JOB_ID='8', SLURM_JOBID='8', SLURM_JOB_UID='1002', CUDA_VISIBLE_DEVICES='0')
+    child = subprocess.Popen(['/bin/sh', '-c', 'sleep 30; :', 'job_8', '/slurm/uid_1002/job_8/step_0'],
+                             env=env, user=65534, group=65534)
+    try:
+        time.sleep(0.2)
+        found = _candidate_of(child.pid, CgroupTrust('/nonexistent'))
+        assert found.cgroup_job is None and found.uid == 65534
+        bobs = job('8', uid=1002, start=time.time() - 60, end=time.time() + 60)
+        claimed, spared = split(S.job_claims(bobs, [found], [], listpids={}))
+        assert claimed == [] and spared[child.pid].startswith('owned by uid 65534')   # not bob's job's, whatever it says
+        _own, stale, blocking = S.stale_claims('8', [found], {}, {})
+        assert stale == [] and [c.pid for c, _w in blocking] == [child.pid]           # nor provably stale
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='chowns cgroup-looking directories (root)')
+def test_a_cgroup_looking_path_a_user_created_names_no_job(tmp_path):
+    root = tmp_path / 'cgroup'
+    (root / 'freezer' / 'slurm' / 'uid_1001' / 'job_7').mkdir(parents=True)
+    for path in (root, root / 'freezer', root / 'freezer' / 'slurm'):
+        os.chmod(str(path), 0o755)
+    os.chown(str(root / 'freezer' / 'slurm' / 'uid_1001'), 1001, 1001)  # her own directory: job_7 below it is her name
+    trust = CgroupTrust(str(root))
+    assert parse_cgroup('6:freezer:/slurm/uid_1001/job_7/step_0\n', trust)[1] is None
+    os.chown(str(root / 'freezer' / 'slurm' / 'uid_1001'), 0, 0)
+    trust.clear()
+    assert parse_cgroup('6:freezer:/slurm/uid_1001/job_7/step_0\n', trust)[1] == '7'
+    assert parse_cgroup('0::/user.slice/user-1001.slice/user@1001.service/job_7\n', None)[1] is None
+
+
+# ---------------------------------------------------------------------------- prolog: stale, own or blocking
+def test_prolog_kills_only_what_is_provably_stale():
+    jobs = {'3': job('3', state='COMPLETED'), '4': job('4', state='RUNNING')}
+    candidates = [cand(60, cgroup_job='3'), cand(61, cgroup_job='2'), cand(62, cgroup_job='4'), cand(63), cand(64, cgroup_job='5'),
+                  cand(65), cand(66, uid=0)]
+    own, stale, blocking = S.stale_claims('5', candidates, jobs, {65: '4'})
+    assert [c.pid for c, _w in own] == [64]
+    assert dict((c.pid, w) for c, w in stale) == {60: 'left over from job 3 (COMPLETED)', 61: 'left over from job 2 (no longer known to slurmctld)'}
+    assert dict((c.pid, w) for c, w in blocking) == {
+        62: "in job 4's cgroup, which is RUNNING", 63: 'no root-owned cgroup names its job, so it cannot be proven stale',
+        65: 'slurmstepd lists it under job 4', 66: 'no root-owned cgroup names its job, so it cannot be proven stale'}
+    _own, stale, blocking = S.stale_claims('5', [cand(60, cgroup_job='3')], None, {})
+    assert stale == [] and 'could not be asked' in blocking[0][1]
+
+
+def test_script_options_and_drain_reasons():
+    with pytest.raises(S.SlurmError, match='release_timeout'):
+        scripts.ScriptOptions(release_timeout=0)
+    with pytest.raises(S.SlurmError, match='grace'):
+        scripts.ScriptOptions(grace=True)
+    assert scripts.ScriptOptions().bound_s() == 3 * 10 + 20 + 10 + 5 + 60 + 5
+    reason = scripts.drain_reason('gpufleet: GPU 0 holds 2048 MiB (pids 5) before job 7 \x1b[2J"\n' + 'x' * 400)
+    assert '\x1b' not in reason and '\n' not in reason and '"' not in reason and len(reason) == scripts.MAX_REASON
+
+
+def test_the_epilog_refuses_a_job_id_that_is_not_a_number(capsys):
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli
+    old = dict(os.environ)
+    try:
+        os.environ['SLURM_JOB_ID'] = '7;reboot'
+        assert cli.main(['epilog', '--root', '/nonexistent-gpufleet', '--json']) == scripts.EXIT_USAGE
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    assert "SLURM_JOB_ID: expected a job number, got '7;reboot'" in capsys.readouterr().err
