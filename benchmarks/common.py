@@ -128,12 +128,50 @@ class Measurement(object):
                 'maxrss_kib': self.maxrss_kib, 'rc': self.returncode}
 
 
-def run_child(argv, env=None, cwd=None, timeout=600.0, capture=True, stdin=None):
+def session_pss_kib(sid, proc_root='/proc'):
+    """The summed proportional set size (KiB, /proc/PID/smaps_rollup) of every process in session
+    ``sid``: the memory a command and all its forks hold together, shared pages counted once."""
+    total = 0
+    for entry in os.listdir(proc_root):
+        if not entry.isdigit():
+            continue
+        try:
+            with open('%s/%s/stat' % (proc_root, entry), 'rb') as handle:
+                fields = handle.read().rsplit(b')', 1)[1].split()
+            if int(fields[3]) != sid:   # field 6 (session) is the 4th after the comm
+                continue
+            with open('%s/%s/smaps_rollup' % (proc_root, entry), 'rb') as handle:
+                for line in handle.read().split(b'\n'):
+                    if line.startswith(b'Pss:'):
+                        total += int(line.split()[1])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+class _PssSampler(threading.Thread):
+    """The peak of session_pss_kib(sid), sampled every ``interval`` seconds until stopped."""
+
+    def __init__(self, sid, interval=1.0):
+        threading.Thread.__init__(self)
+        self.daemon = True
+        self.sid, self.interval, self.peak_kib, self.done = sid, interval, 0, threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            self.peak_kib = max(self.peak_kib, session_pss_kib(self.sid))
+            self.done.wait(self.interval)
+
+
+def run_child(argv, env=None, cwd=None, timeout=600.0, capture=True, stdin=None, sample_pss=False):
     """Run ``argv`` once and measure it with ``wait4``.
 
     The child gets its own process group; on ``timeout`` that group (only) is killed and the
     Measurement has returncode -9.  ``ru_maxrss`` from wait4 is the largest peak RSS among the
     child and the descendants it waited for (Linux), i.e. the peak of the biggest process.
+    ``sample_pss``: also sample the summed PSS of the child's whole session once a second (the
+    Measurement's ``peak_pss_kib``: a controller with its forks, shared pages counted once).
     """
     out = tempfile.TemporaryFile() if capture else subprocess.DEVNULL
     try:
@@ -143,17 +181,25 @@ def run_child(argv, env=None, cwd=None, timeout=600.0, capture=True, stdin=None)
         timer = threading.Timer(timeout, _kill_group, (proc.pid,))
         timer.daemon = True
         timer.start()
+        sampler = _PssSampler(proc.pid) if sample_pss else None
+        if sampler is not None:
+            sampler.start()
         try:
             _pid, status, usage = os.wait4(proc.pid, 0)
         finally:
             timer.cancel()
+            if sampler is not None:
+                sampler.done.set()
+                sampler.join()
         wall = time.monotonic() - started
         proc.returncode = os.waitstatus_to_exitcode(status) if hasattr(os, 'waitstatus_to_exitcode') else _exit_code(status)
         output = None
         if capture:
             out.seek(0)
             output = out.read()
-        return Measurement(argv, wall, usage.ru_utime, usage.ru_stime, usage.ru_maxrss, proc.returncode, output)
+        meas = Measurement(argv, wall, usage.ru_utime, usage.ru_stime, usage.ru_maxrss, proc.returncode, output)
+        meas.peak_pss_kib = sampler.peak_kib if sampler is not None else None
+        return meas
     finally:
         if capture:
             out.close()

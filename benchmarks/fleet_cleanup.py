@@ -30,10 +30,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import common  # noqa: E402 pylint: disable=wrong-import-position
 FLEET = os.path.join(REPO, 'tests', 'fleet')
 TUNED = os.path.join(REPO, 'extras', 'ansible.cfg')
 WALLET = '44AFFq5kSiGBoZ4NMDwYtN18obc8AemS33DBLWs3H7otXft3XjrpDtQGv7SqSsaBYBb98uNbr2VBBEt7f2wfn3RVGQBEP3A'
@@ -70,18 +73,23 @@ class Bench(object):
         os.makedirs(control_dir, exist_ok=True)
         if config == 'default':
             argv = argv + ['-e', 'ansible_pipelining=false']
-        begun = time.monotonic()
-        proc = subprocess.run(argv, env=self.env(config, control_dir, extra_env), cwd=self.work,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, check=False)
-        seconds = time.monotonic() - begun
-        if proc.returncode != 0:
-            sys.stdout.write(proc.stdout[-4000:])
-            raise SystemExit('%s on %d nodes (%s) exited %d' % (label, nodes, config, proc.returncode))
+        # the controller's CPU (ansible and every fork it waited for) and its memory with the forks
+        meas = common.run_child(argv, env=self.env(config, control_dir, extra_env), cwd=self.work, timeout=3600,
+                                sample_pss=True)
+        seconds = meas.wall_s
+        if meas.returncode != 0:
+            sys.stdout.write(meas.text()[-4000:])
+            raise SystemExit('%s on %d nodes (%s) exited %d' % (label, nodes, config, meas.returncode))
         row = {'what': label, 'nodes': nodes, 'config': name or config, 'seconds': round(seconds, 2),
-               'per_node_s': round(seconds / nodes, 3), 'load1': round(os.getloadavg()[0], 2)}
+               'per_node_s': round(seconds / nodes, 3), 'load1': round(os.getloadavg()[0], 2),
+               'controller_cpu_s': round(meas.cpu_s, 2), 'controller_cpu_per_node_s': round(meas.cpu_s / nodes, 4),
+               'controller_peak_rss_mib': round(meas.maxrss_kib / 1024.0, 1),
+               'controller_peak_pss_mib': round(meas.peak_pss_kib / 1024.0, 1),
+               'controller_pss_per_node_mib': round(meas.peak_pss_kib / 1024.0 / nodes, 2)}
         self.results.append(row)
-        print('%-34s %3d nodes  %-22s %7.2f s  (%.3f s/node, load %.1f)'
-              % (label, nodes, row['config'], seconds, seconds / nodes, row['load1']), flush=True)
+        print('%-34s %3d nodes  %-22s %7.2f s  (%.3f s/node, load %.1f; controller %.1f CPU-s, %.3f per node, peak %.0f MiB PSS)'
+              % (label, nodes, row['config'], seconds, seconds / nodes, row['load1'], meas.cpu_s, meas.cpu_s / nodes,
+                 row['controller_peak_pss_mib']), flush=True)
         return seconds
 
 
@@ -90,11 +98,12 @@ def spawn_miners(fleet_dir, nodes, control_dir):
     master connection per node (``control_dir``, apart from Ansible's): a node's later spawns skip
     the key exchange, and every timed Ansible run still starts cold."""
     ssh_config = os.path.join(fleet_dir, 'ssh_config')
+    names = node_names(fleet_dir)  # node01.. or node001.. (up widens the numbers past 99 nodes)
     mux = ['-o', 'ControlMaster=auto', '-o', 'ControlPath=%s/%%n' % control_dir, '-o', 'ControlPersist=1800']
 
     def one(index):
         remote = ['gpusim', 'spawn', '--gpu', '0', '--mib', '2048', '--util', '100', '--user', 'nobody', '--'] + MINER
-        subprocess.run(['ssh', '-F', ssh_config] + mux + ['node%02d' % index, ' '.join(shlex.quote(a) for a in remote)],
+        subprocess.run(['ssh', '-F', ssh_config] + mux + [names[index - 1], ' '.join(shlex.quote(a) for a in remote)],
                        check=True, stdout=subprocess.DEVNULL)
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(one, range(1, nodes + 1)))
@@ -111,6 +120,18 @@ def stop_masters(fleet_dir, control_dir):
 def fleet_up(fleet_dir, nodes):
     subprocess.run([sys.executable, os.path.join(FLEET, 'up'), '--nodes', str(nodes), '--dir', fleet_dir, '--gpus', '2', '-q'],
                    check=True)
+
+
+def node_names(fleet_dir):
+    """The host names of the fleet's ``gpu_nodes`` group, in inventory order."""
+    names, section = [], None
+    with open(os.path.join(fleet_dir, 'inventory.ini'), encoding='utf-8') as handle:
+        for line in handle.read().splitlines():
+            if line.startswith('['):
+                section = line
+            elif section == '[gpu_nodes]' and line.strip() and not line.startswith('#'):
+                names.append(line.split()[0])
+    return names
 
 
 def sub_inventory(fleet_dir, nodes, path):
@@ -144,6 +165,7 @@ def main():
     parser.add_argument('--report-nodes', default='', help='fleet sizes for inventory_report, e.g. 10,25')
     parser.add_argument('--settings', action='store_true', help='also time each tuned setting alone (on the largest report size)')
     parser.add_argument('--repeat', type=int, default=1)
+    parser.add_argument('--configs', default='default,tuned', help='Ansible configurations to time (default,tuned)')
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args()
     collections = collections_path()
@@ -162,7 +184,7 @@ def main():
             for nodes in sizes:
                 inventory = sub_inventory(fleet_dir, nodes, os.path.join(work, 'inventory-%d.ini' % nodes))
                 for _round in range(args.repeat):
-                    for config in ('default', 'tuned'):
+                    for config in [c for c in ('default', 'tuned') if c in args.configs.split(',')]:
                         bench.timed('ping (floor)', nodes, config,
                                     ['ansible', 'gpu_nodes', '-i', inventory, '-m', 'ansible.builtin.ping'])
                         if str(nodes) in args.report_nodes.split(','):

@@ -382,8 +382,11 @@ def cmd_list(args, out, sleep=time.sleep, isatty=None):
 
 
 def _patterns(paths):
+    """The policy's redaction patterns.  The policy document comes from the agent state's cache when
+    the file's SHA-256 matches it, as at a tick (no YAML parsing); ``list`` never writes the state."""
     try:
-        return policy_mod.load_policy(paths.policy).notify.redact_patterns
+        cache = guard.load_state(paths.state, time.time())[0].get('policy_cache') if paths.state else None
+        return policy_mod.load_policy_cached(paths.policy, dict(cache) if isinstance(cache, dict) else {}).notify.redact_patterns
     except policy_mod.PolicyError:
         return notify_mod.default_patterns()
 

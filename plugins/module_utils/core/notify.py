@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from .errors import InvalidArgument
 from .text import printable
-from .textmatch import bounded_sub
+from .textmatch import bounded_subs
 from .units import human_duration
 
 UTMP_PATHS = ('/run/utmp', '/var/run/utmp')
@@ -76,17 +76,15 @@ def redact_text(text, patterns):
     """``text`` with every match of ``patterns`` replaced.  A pattern's groups are kept (so that
     ``--password=`` stays readable) and the rest of the match becomes ``<redacted>``.
 
-    The patterns run under the selectors' bounds (textmatch.bounded_sub: the first MAX_MATCH_TEXT
+    The patterns run under the selectors' bounds (textmatch.bounded_subs: the first MAX_MATCH_TEXT
     characters, MATCH_TIMEOUT_S per pattern).  A pattern that runs out of time fails closed: the
     whole text becomes REDACTED_SLOW, never the unredacted text."""
     if not text:
         return text
-    for pattern in patterns:
-        try:
-            text = bounded_sub(pattern, _keep_groups, text, 'notify.redact_patterns')
-        except InvalidArgument:
-            return REDACTED_SLOW
-    return text
+    try:
+        return bounded_subs(patterns, _keep_groups, text, 'notify.redact_patterns')
+    except InvalidArgument:
+        return REDACTED_SLOW
 
 
 def _keep_groups(match):

@@ -9,8 +9,8 @@ One ``ProcessInventory.scan()`` walks the process table once: it lists ``<proc_r
 every process's ``fd`` links (the ``fuser /dev/nvidia*`` scan; other users' fds need root or
 CAP_SYS_PTRACE, and processes vanish mid-scan), then reads owner, command line, state and cgroup
 (container, Kubernetes pod, Slurm job) for the pids the driver listed and for the fd holders.
-Records come from psutil when it is importable and ``proc_root`` is ``/proc``, else from /proc
-files directly (standalone agent without psutil, and fixture trees in tests).
+Records come from the /proc files directly, each read once (psutil read most of them a second time
+and cost more than NVML itself; ``use_psutil=True`` still selects it).
 
 The driver reports pids of the host PID namespace: a listed pid absent here gets status
 ``not_found`` (we may be inside a container), and a listed pid present here that holds no GPU
@@ -19,6 +19,7 @@ device file may be an unrelated local process with the same number (``holds_gpu_
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import stat as stat_mod
@@ -123,10 +124,20 @@ class CgroupTrust(object):
         self.cgroup_root = cgroup_root
         self._mounts = {}
         self._dirs = {}
+        self._texts = {}
 
     def clear(self):
         self._mounts.clear()
         self._dirs.clear()
+        self._texts.clear()
+
+    def parse(self, text):
+        """``parse_cgroup(text, self)``, once per distinct text until ``clear()``: the processes of one
+        cgroup have the same file, and a verdict rests on the directory verdicts cached here anyway."""
+        found = self._texts.get(text)
+        if found is None:
+            found = self._texts[text] = parse_cgroup(text, self)
+        return found
 
     def mount_point(self, controllers):
         """The directory of the hierarchy of a /proc/PID/cgroup line (``''`` for cgroup v2), or None."""
@@ -176,9 +187,16 @@ def _structural_parts(path):
     return parts
 
 
+# Every pattern above needs one of these words: a path without any names no container, pod or job
+# (most paths of most processes; skipping the eight searches is a fifth of a GPU process's record).
+_IDENTITY_WORDS = ('docker', 'containerd', 'nerdctl', 'crio-', 'libpod-', 'kubepods', 'job_')
+
+
 def _cgroup_identity(path):
     """(container id, runtime, pod uid, Slurm job) that the text of one cgroup path names."""
     container_id = runtime = pod_uid = slurm_job = None
+    if not any(word in path for word in _IDENTITY_WORDS):
+        return container_id, runtime, pod_uid, slurm_job
     for pattern, name in _CONTAINER_PATTERNS:
         match = pattern.search(path)
         if match:
@@ -476,6 +494,17 @@ def read_cmdline(pid, proc_root='/proc', limit=None):
     return parts
 
 
+def full_name(comm, cmdline):
+    """The process name: ``comm``, or when the kernel cut it at 15 bytes and ``argv[0]``'s basename
+    starts with it, that basename (what psutil's ``name()`` gives: ``gnome-keyring-daemon``, not
+    ``gnome-keyring-d``).  Display only: protection and identity never rest on it."""
+    if comm is not None and len(comm) >= 15 and cmdline:
+        extended = os.path.basename(cmdline[0])
+        if extended.startswith(comm):
+            return extended
+    return comm
+
+
 def read_proc_files(pid, proc_root='/proc', cmdline_limit=None, dir_cache=None):
     """Read /proc/PID directly: ``{'stat': {comm, state, ppid, session, flags, starttime}, 'uid': real uid,
     'cmdline': [...], 'exe': path, 'identity': identity.Identity}``.
@@ -529,7 +558,7 @@ class InventoryResult(object):
 class ProcessInventory(object):
     """Reads the process table.  ``dev_roots``, ``proc_root`` and ``cgroup_root`` are test seams, not user options.
 
-    ``use_psutil``: None = psutil when importable and proc_root is /proc; False = /proc files only.
+    ``use_psutil``: True = psutil's fields (when importable); None or False = the /proc files, read once.
     ``exclude_pids``: never reported as holders (default: this process).
     ``scan_holders``: walk every process's fds to find holders the driver does not list; when
     False only the wanted pids' fds are read (their ``device_paths``), which is much cheaper.
@@ -544,11 +573,9 @@ class ProcessInventory(object):
         self.dev_roots = resolve_dev_roots(dev_roots)
         self.proc_root = proc_root
         self.cgroup_trust = CgroupTrust(cgroup_root)
-        if use_psutil is None:
-            use_psutil = os.path.abspath(proc_root) == '/proc'
         if use_psutil and load_psutil() is None:
             use_psutil = False
-        self.use_psutil = use_psutil
+        self.use_psutil = bool(use_psutil)
         self.exclude_pids = set(exclude_pids) if exclude_pids is not None else {os.getpid()}
         self.scan_fds = scan_fds
         self.scan_holders = scan_holders
@@ -589,10 +616,13 @@ class ProcessInventory(object):
         return self._record_psutil(pid) if self.use_psutil else self._record_proc(pid)
 
     def _cgroup(self, pid):
+        """parse_cgroup of the pid's cgroup file (CgroupTrust.parse: once per distinct text and scan)."""
         try:
-            return parse_cgroup(_read_text(os.path.join(self.proc_root, str(pid), 'cgroup')), self.cgroup_trust)
+            text = _read_text(os.path.join(self.proc_root, str(pid), 'cgroup'))
         except OSError:
             return None, None
+        container, slurm_job = self.cgroup_trust.parse(text)
+        return (copy.copy(container) if container is not None else None), slurm_job
 
     def _user(self, uid):
         """The login name of ``uid`` (one passwd lookup per user, not per process); None for None."""
@@ -645,7 +675,8 @@ class ProcessInventory(object):
         if ident is None:
             return ProcessRecord(pid=pid)
         cmdline, (container, slurm_job) = found
-        rec = ProcessRecord(pid=pid, status=_STATES.get(ident.state, ident.state), name=ident.comm, ppid=ident.ppid,
+        rec = ProcessRecord(pid=pid, status=_STATES.get(ident.state, ident.state), name=full_name(ident.comm, cmdline),
+                            ppid=ident.ppid,
                             starttime=ident.starttime, uid=ident.uid, user=self._user(ident.uid), cmdline=cmdline,
                             exe=ident.exe.path if ident.exe is not None else None, container=container,
                             slurm_job=slurm_job, identity=ident)

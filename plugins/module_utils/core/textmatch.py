@@ -7,8 +7,9 @@
 """Bounded matching of user regexes against hostile text: the selectors, the redaction of command
 lines and the rogue rules use these.  A leaf: the standard library and errors.py only.
 
-``compile_regex`` rejects over-long patterns and nested quantifiers; ``bounded_search`` and
-``bounded_sub`` cut the text to MAX_MATCH_TEXT and stop a match that runs past MATCH_TIMEOUT_S.
+``compile_regex`` rejects over-long patterns and nested quantifiers; ``bounded_search``,
+``bounded_sub`` and ``bounded_subs`` cut the text to MAX_MATCH_TEXT and stop a match that runs past
+MATCH_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -111,27 +112,53 @@ def bounded_search(regex, text, field, timeout=None):
     elsewhere only the text bound (MAX_MATCH_TEXT) applies.  A timer already set is restored.
     """
     text = text[:MAX_MATCH_TEXT]
-    return _bounded(regex, field, len(text), timeout, regex.search, text)
+
+    def work(arm):
+        arm(regex, len(text))
+        return regex.search(text)
+    return _bounded(field, timeout, work)
 
 
 def bounded_sub(regex, repl, text, field, timeout=None):
     """``regex.sub(repl, text)`` under the same bounds as bounded_search (text cut to MAX_MATCH_TEXT)."""
-    text = text[:MAX_MATCH_TEXT]
-    return _bounded(regex, field, len(text), timeout, regex.sub, repl, text)
+    return bounded_subs((regex,), repl, text, field, timeout)
 
 
-def _bounded(regex, field, length, timeout, call, *args):
-    """``call(*args)`` stopped after ``timeout`` seconds (SIGALRM, main thread only)."""
+def bounded_subs(regexes, repl, text, field, timeout=None):
+    """``text`` through ``regex.sub(repl, ...)`` of each of ``regexes`` in turn, each step bounded as
+    bounded_sub is (its text cut to MAX_MATCH_TEXT, ``timeout`` seconds for the one regex).  The alarm's
+    handler is set once for the whole sequence (setting it for each regex was most of the cost of
+    redacting a command line with a dozen patterns)."""
+    def work(arm):
+        result = text
+        for regex in regexes:
+            result = result[:MAX_MATCH_TEXT]
+            arm(regex, len(result))
+            result = regex.sub(repl, result)
+        return result
+    return _bounded(field, timeout, work)
+
+
+def _bounded(field, timeout, work):
+    """``work(arm)``, where ``work`` calls ``arm(regex, length)`` before each regex call: every call is
+    stopped after ``timeout`` seconds (SIGALRM, main thread only) with InvalidArgument naming ``field``
+    and that regex.  The handler is set once for all of ``work``; a timer already set is restored."""
     timeout = MATCH_TIMEOUT_S if timeout is None else timeout
     if not hasattr(signal, 'setitimer') or threading.current_thread() is not threading.main_thread():
-        return call(*args)
+        return work(lambda regex, length: None)
+    current = [None, 0]
+
+    def arm(regex, length):
+        current[:] = [regex, length]
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+
     started = time.monotonic()
     old_handler = signal.signal(signal.SIGALRM, _on_alarm)
-    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, timeout)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, 0)
     timed_out = False
     try:
         try:
-            return call(*args)
+            return work(arm)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _MatchTimeout:
@@ -141,6 +168,6 @@ def _bounded(regex, field, length, timeout, call, *args):
         if old_delay:
             signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - started), 0.001), old_interval)
     if timed_out:
-        raise InvalidArgument(field, regex.pattern, 'matching took longer than %ss on a %d-character text; '
-                              'simplify the pattern (avoid several .* or overlapping alternatives)' % (timeout, length))
+        raise InvalidArgument(field, current[0].pattern, 'matching took longer than %ss on a %d-character text; '
+                              'simplify the pattern (avoid several .* or overlapping alternatives)' % (timeout, current[1]))
     return None

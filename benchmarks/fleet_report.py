@@ -1,0 +1,259 @@
+#!/usr/bin/env python
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Fleet report at scale: the inventory_report playbook's report play on synthetic facts of N nodes.
+
+No node is contacted: every node's record (``host``, ``status``, ``msg`` and ``gpu``, the node's
+``ansible_facts.gpu`` as docs/design/contracts.md describes it, 8 GPUs) is made here and handed to
+Ansible as inventory variables (``gpufleet_node`` of each host of the ``gpufleet_inventory_report``
+group, which is what the playbook's first play leaves behind), and the real playbook
+(``gpufleet.reclaim.inventory_report`` imported by a one-line driver, its node play matching no
+host) renders fleet.json, fleet.csv and index.html with its own tasks, template and filters.
+
+Measured: wall and CPU time and peak RSS of ``ansible-playbook`` (wait4: the controller and its
+forks), the size of the three files, and the page in headless Chromium: a copy of index.html
+with a measuring script (the report itself carries no script and its Content-Security-Policy
+forbids one) records the time to the load event, a forced layout, a filter (hiding the node cards
+whose host does not match, as a find-and-filter would), the browser's own find (``window.find``)
+and scrolling the page top to bottom in 20 steps, each with a forced layout; the longest of those
+steps tells whether the page freezes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import common  # noqa: E402 pylint: disable=wrong-import-position
+
+GPUS = 8
+USERS = ['user%03d' % n for n in range(300)]
+# a step longer than this is a freeze a user notices (RAIL: respond to input within 100 ms)
+FREEZE_MS = 100
+
+DRIVER = '- ansible.builtin.import_playbook: gpufleet.reclaim.inventory_report\n'
+INVENTORY_SCRIPT = '#!%s\nimport sys\nsys.stdout.write(open(%r).read() if "--list" in sys.argv else "{}")\n'
+
+PROBE = r'''<script>
+(function () {
+  function now() { return performance.now(); }
+  function layout() { return document.body.offsetHeight + document.documentElement.scrollHeight; }
+  window.addEventListener('load', function () {
+    var out = {}, t, steps = [], i, cards = document.querySelectorAll('#nodes .node'), nav = performance.getEntriesByType('navigation')[0];
+    out.nodes = cards.length;
+    out.dom_elements = document.getElementsByTagName('*').length;
+    out.dom_content_loaded_ms = nav ? nav.domContentLoadedEventEnd : null;
+    out.load_ms = nav ? nav.loadEventStart : now();
+    t = now(); layout(); out.first_layout_ms = now() - t;
+    var height = document.documentElement.scrollHeight;
+    for (i = 0; i <= 20; i++) {
+      t = now(); window.scrollTo(0, height * i / 20); layout(); document.elementFromPoint(200, 200); steps.push(now() - t);
+    }
+    out.scroll_steps_ms = steps;
+    var last = cards.length ? cards[cards.length - 1].querySelector('h3').textContent.trim().split(/\s+/)[0] : 'none';
+    t = now(); out.find_found = window.find(last); out.find_ms = now() - t;
+    t = now();
+    for (i = 0; i < cards.length; i++) { if (cards[i].textContent.indexOf('-07') < 0) { cards[i].style.display = 'none'; } }
+    layout(); out.filter_ms = now() - t;
+    t = now();
+    for (i = 0; i < cards.length; i++) { cards[i].style.display = ''; }
+    layout(); out.unfilter_ms = now() - t;
+    out.page_height_px = height;
+    var pre = document.createElement('pre'); pre.id = 'gpufleet-probe'; pre.textContent = JSON.stringify(out);
+    document.body.appendChild(pre);
+  });
+})();
+</script>'''
+
+
+def synthetic_records(nodes, gpus=GPUS, seed=21):
+    """``nodes`` node records as the playbook's node play leaves them (status ok, a few unreachable)."""
+    rng = random.Random(seed)
+    records = []
+    for n in range(nodes):
+        host = 'gpu-node-%05d' % n
+        if rng.random() < 0.005:
+            records.append({'host': host, 'status': 'unreachable', 'msg': 'Failed to connect to the host via ssh', 'gpu': None})
+            continue
+        devices, processes, pid = [], [], 1000
+        for index in range(gpus):
+            total = 81559
+            util = rng.choice((0, 0, 3, 35, 60, 88, 97, 100))
+            owners = []
+            for _ in range(rng.choice((0, 1, 1, 1, 2, 3))):
+                pid += rng.randint(1, 400)
+                user = rng.choice(USERS)
+                used = rng.choice((512, 2048, 8192, 20480, 40960))
+                owners.append(pid)
+                processes.append({'pid': pid, 'user': user, 'uid': 1000 + USERS.index(user), 'name': 'python',
+                                  'cmdline': ['python', 'train.py', '--run', '%s-%d' % (user, pid)], 'used_mib': used,
+                                  'gpu_indexes': [index], 'status': 'sleeping', 'create_time': 1796000000.0 + pid,
+                                  'container': None, 'slurm_job': str(100000 + n) if rng.random() < 0.5 else None})
+            held = sum(p['used_mib'] for p in processes if p['pid'] in owners)
+            orphaned = rng.choice((0,) * 60 + (4096,))
+            sick = rng.random() < 0.01
+            devices.append({
+                'index': index, 'vendor_index': index, 'vendor': 'nvidia', 'name': 'NVIDIA H100 80GB HBM3',
+                'uuid': 'GPU-%08x-0000-0000-0000-%012x' % (n, index), 'pci_bus_id': '00000000:%02X:00.0' % (0x18 + index),
+                'memory_total_mib': total, 'memory_used_mib': min(total, held + orphaned),
+                'memory_free_mib': total - min(total, held + orphaned), 'orphaned_mib': orphaned,
+                'utilization_pct': util, 'temperature_c': 30 + util // 3, 'power_w': 70.0 + util * 6, 'power_limit_w': 700.0,
+                'processes': owners, 'xid_events': [],
+                'health': {'status': 'degraded' if sick else 'ok', 'recommended_action': 'reset' if sick else 'none',
+                           'reasons': ['Xid 79: GPU has fallen off the bus'] if sick else []},
+                'health_reasons': [], 'recovery_action': None})
+        facts = {'backends': {'nvidia': {'available': True, 'error': None, 'version': '580.159.04'}},
+                 'devices': devices, 'processes': processes, 'holders': [], 'driver_hung': None}
+        records.append({'host': host, 'status': 'ok', 'msg': '', 'gpu': facts})
+    return records
+
+
+def write_inventory(records, work):
+    """A script inventory (JSON is read far faster than YAML) holding every node's record as a host variable."""
+    data = {'_meta': {'hostvars': dict((r['host'], {'gpufleet_node': r, 'ansible_connection': 'local'}) for r in records)},
+            'gpufleet_inventory_report': {'hosts': [r['host'] for r in records]}}
+    path = os.path.join(work, 'inventory.json')
+    with open(path, 'w') as handle:
+        json.dump(data, handle, separators=(',', ':'))
+    script = os.path.join(work, 'inventory.py')
+    with open(script, 'w') as handle:
+        handle.write(INVENTORY_SCRIPT % (sys.executable, path))
+    os.chmod(script, 0o755)
+    return script, os.path.getsize(path)
+
+
+def render(nodes, work, collections, timeout=1800):
+    """Run the report play on ``nodes`` synthetic nodes; returns the figures."""
+    t0 = time.monotonic()
+    records = synthetic_records(nodes)
+    inventory, inventory_bytes = write_inventory(records, work)
+    generate_s = time.monotonic() - t0
+    driver = os.path.join(work, 'driver.yml')
+    with open(driver, 'w') as handle:
+        handle.write(DRIVER)
+    report_dir = os.path.join(work, 'report')
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=collections, ANSIBLE_NOCOLOR='1', ANSIBLE_HOST_KEY_CHECKING='False',
+               ANSIBLE_INVENTORY_ENABLED='script', ANSIBLE_LOCALHOST_WARNING='False', ANSIBLE_RETRY_FILES_ENABLED='False')
+    argv = [os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', inventory, driver,
+            '-e', 'target_hosts=gpufleet_no_node_play', '-e', 'report_dir=%s' % report_dir]
+    meas = common.run_child(argv, env=env, timeout=timeout)
+    result = {'nodes': nodes, 'gpus': sum(len(r['gpu']['devices']) for r in records if r['gpu']),
+              'processes': sum(len(r['gpu']['processes']) for r in records if r['gpu']),
+              'generate_s': generate_s, 'inventory_mib': inventory_bytes / 1048576.0, 'rc': meas.returncode,
+              'wall_s': meas.wall_s, 'cpu_s': meas.cpu_s, 'maxrss_mib': meas.maxrss_kib / 1024.0, 'files': {}}
+    if meas.returncode != 0:
+        result['error'] = meas.text()[-2000:]
+        return result
+    for name in ('index.html', 'fleet.json', 'fleet.csv'):
+        result['files'][name] = os.path.getsize(os.path.join(report_dir, name)) / 1048576.0
+    result['html'] = os.path.join(report_dir, 'index.html')
+    return result
+
+
+def chromium():
+    for name in ('chromium', 'chromium-browser', 'google-chrome'):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def probe_page(html_path, work, timeout=600):
+    """Open a copy of the page with the measuring script in headless Chromium; returns its figures."""
+    browser = chromium()
+    if browser is None:
+        return {'error': 'no chromium (apt-get install chromium)'}
+    with open(html_path, encoding='utf-8') as handle:
+        page = handle.read()
+    page = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', '', page, count=1)
+    page = page.replace('</body>', PROBE + '</body>', 1)
+    probe = os.path.join(work, 'probe.html')
+    with open(probe, 'w', encoding='utf-8') as handle:
+        handle.write(page)
+    profile = tempfile.mkdtemp(prefix='gpufleet-chromium-', dir=work)
+    argv = [browser, '--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
+            '--disable-component-update', '--disable-sync', '--no-first-run', '--disable-extensions',
+            '--host-resolver-rules=MAP * ~NOTFOUND', '--user-data-dir=%s' % profile, '--window-size=1280,900',
+            '--dump-dom', 'file://%s' % probe]
+    meas = common.run_child(argv, timeout=timeout)
+    match = re.search(r'<pre id="gpufleet-probe">(.*?)</pre>', meas.text())
+    if not match:
+        return {'error': 'no probe result (rc %s): %s' % (meas.returncode, meas.text()[-500:]), 'wall_s': meas.wall_s}
+    found = json.loads(match.group(1).replace('&quot;', '"').replace('&amp;', '&'))
+    steps = found['scroll_steps_ms']
+    found.update({'browser_wall_s': meas.wall_s, 'browser_cpu_s': meas.cpu_s, 'browser_maxrss_mib': meas.maxrss_kib / 1024.0,
+                  'scroll_step_max_ms': max(steps), 'scroll_step_median_ms': sorted(steps)[len(steps) // 2]})
+    found['usable'] = all(found[k] <= FREEZE_MS for k in ('scroll_step_max_ms', 'filter_ms', 'unfilter_ms', 'find_ms'))
+    return found
+
+
+def run(sizes, collections=None, browser=True, log=print):
+    started = time.monotonic()
+    made = collections is None
+    if made:
+        collections = tempfile.mkdtemp(prefix='gpufleet-bench-coll-')
+        os.makedirs(os.path.join(collections, 'ansible_collections', 'gpufleet'))
+        os.symlink(common.ROOT, os.path.join(collections, 'ansible_collections', 'gpufleet', 'reclaim'))
+    results = []
+    try:
+        for nodes in sizes:
+            work = tempfile.mkdtemp(prefix='gpufleet-bench-report-')
+            try:
+                res = render(nodes, work, collections)
+                if browser and 'html' in res:
+                    res['browser'] = probe_page(res['html'], work)
+                res.pop('html', None)
+                results.append(res)
+                log('# report %d nodes: %s' % (nodes, json.dumps(res, default=str)[:600]))
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    finally:
+        if made:
+            shutil.rmtree(collections, ignore_errors=True)
+    return {'sizes': results, 'seconds': time.monotonic() - started, 'freeze_ms': FREEZE_MS}
+
+
+def markdown(data):
+    lines = ['| nodes | GPUs | processes | render wall s | render CPU s | peak RSS MiB | index.html MiB | fleet.json MiB | '
+             'fleet.csv MiB | page load ms | scroll step max ms | filter ms | find ms | usable |',
+             '|---' * 14 + '|']
+    for res in data['sizes']:
+        if res.get('error'):
+            lines.append('| %d | %d | %d | failed: %s |' % (res['nodes'], res['gpus'], res['processes'], res['error'][-200:].replace('\n', ' ')))
+            continue
+        b = res.get('browser') or {}
+        lines.append('| %d | %d | %d | %.1f | %.1f | %.0f | %.1f | %.1f | %.1f | %s | %s | %s | %s | %s |' % (
+            res['nodes'], res['gpus'], res['processes'], res['wall_s'], res['cpu_s'], res['maxrss_mib'],
+            res['files']['index.html'], res['files']['fleet.json'], res['files']['fleet.csv'],
+            '%.0f' % b['load_ms'] if 'load_ms' in b else '-', '%.0f' % b['scroll_step_max_ms'] if 'scroll_step_max_ms' in b else '-',
+            '%.0f' % b['filter_ms'] if 'filter_ms' in b else '-', '%.0f' % b['find_ms'] if 'find_ms' in b else '-',
+            {True: 'yes', False: '**no**'}.get(b.get('usable'), b.get('error', '-'))))
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--nodes', default='1000,10000', help='fleet sizes (comma list)')
+    parser.add_argument('--no-browser', action='store_true')
+    parser.add_argument('--json', help='write the figures here')
+    args = parser.parse_args(argv)
+    data = run([int(x) for x in args.nodes.split(',')], browser=not args.no_browser)
+    print(markdown(data))
+    common.write_json(args.json, data)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
