@@ -77,6 +77,16 @@ class Snapshot(object):
         }
 
 
+def _mig_of(dev, dproc):
+    """The MigDevice the driver lists ``dproc`` on (by its UUID, else its instance ids), or None."""
+    ref = dproc.mig
+    if ref is None:
+        return None
+    if ref.get('uuid'):
+        return dev.mig_device(uuid=ref['uuid'])
+    return dev.mig_device(gpu_instance_id=ref['gpu_instance_id'], compute_instance_id=ref['compute_instance_id'])
+
+
 def _key_text(key):
     return str(key).strip()
 
@@ -184,6 +194,8 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
     errors.extend(unreadable)
     for index, dev in enumerate(all_devices):
         dev.index = index
+        for mig in dev.mig_devices or ():
+            mig.parent_index = index
         xid.apply_health(dev, taken_at, xid_since(dev) if callable(xid_since) else xid_since)
 
     selected = resolve_gpus(all_devices, gpus)
@@ -207,7 +219,7 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
                 proc = by_pid.get(dproc.pid)
                 if proc is None:
                     proc = by_pid[dproc.pid] = GpuProcess(pid=dproc.pid)
-                proc.add_gpu(dev.index, dproc.used_mib, dproc.types, dproc.util_pct)
+                proc.add_gpu(dev.index, dproc.used_mib, dproc.types, dproc.util_pct, mig=_mig_of(dev, dproc))
                 if dproc.name:
                     driver_names.setdefault(dproc.pid, dproc.name)
         listed_anywhere = set(p.pid for dev in all_devices for p in dev.driver_processes)
