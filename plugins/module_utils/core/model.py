@@ -276,6 +276,18 @@ class MigDevice(_Record):
         }
 
 
+def gpu_units(proc):
+    """What a GpuProcess holds as policy rules count GPUs (docs/policy.md, MIG): each GPU index, except that on a
+    board in MIG mode it holds the MIG device the driver lists it on (a MigUnit, ``GPU:GI``) instead."""
+    mig = getattr(proc, 'mig_by_gpu', None) or {}
+    return [mig[g].unit if g in mig else g for g in proc.gpu_indexes or ()]
+
+
+def unit_gpu(unit):
+    """The host-wide GPU index of a unit of gpu_units()."""
+    return unit.gpu if isinstance(unit, MigUnit) else unit
+
+
 class MigUnit(str):
     """A MIG device as a policy unit: the text ``GPU:GI`` (or ``GPU:GI:CI``), ordered among plain GPU indexes
     (ints) by (GPU, GI, CI), a board before its instances.  A str, so violations serialise as they did."""
@@ -457,11 +469,6 @@ class GpuProcess(_Record):
         for index in sorted(self.mig_by_gpu):
             return self.mig_by_gpu[index]
         return None
-
-    @property
-    def units(self):
-        """What it holds, as policy rules count GPUs: the GPU index, or on a board in MIG mode its MIG device's unit."""
-        return [self.mig_by_gpu[g].unit if g in self.mig_by_gpu else g for g in self.gpu_indexes]
 
     @property
     def found(self):
