@@ -534,7 +534,7 @@ class NvidiaBackend(Backend):
         rc, text, argv = _nvidia_smi(host, item, '--gpu-reset')
         item.method, item.command, item.output = 'nvidia-smi', argv, text
         if rc == 0:
-            return None
+            return nvidia_mig.recreate_after_reset(item, host)
         hint = ''
         low = text.lower()
         if 'in use by another client' in low or 'being used' in low:
@@ -718,13 +718,7 @@ def _nvidia_smi(host, item, *args):
 
 def _check_mig_and_fabric(item, host):
     dev = item.dev
-    if dev.mig_mode:
-        item.check('mig', FAIL, 'MIG mode is enabled: destroy the compute and GPU instances (nvidia-smi mig -dci -i {i}; '
-                                'nvidia-smi mig -dgi -i {i}), disable MIG (nvidia-smi -i {i} -mig 0), then reset'.format(i=dev.vendor_index))
-    elif dev.mig_mode is None:
-        item.check('mig', NOT_EXPOSED, 'the driver does not report the MIG mode of this GPU')
-    else:
-        item.check('mig', PASS, 'MIG mode is off')
+    nvidia_mig.check_mig(item)
     if dev.pci_bus_id:
         facts = reset_constraints(dev.pci_bus_id, nvml=host.nvml)
     else:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import ctypes
 
 from ..model import MigDevice, bytes_to_mib
-from .base import error_text
+from .base import FAIL, NOT_EXPOSED, PASS, error_text
 
 # NVML's "not on a MIG device" value of nvmlProcessInfo_t.gpuInstanceId / computeInstanceId
 NO_INSTANCE = 0xFFFFFFFF
@@ -214,3 +214,58 @@ def verify_layout(layout, created):
     return 'the recreated MIG layout differs from the recorded one: recorded %s, now %s' % (
         ', '.join('%s at %s' % (i['profile'], i['placement']['start']) for i in layout) or 'none',
         ', '.join('%s at %s' % (i['profile'], i['placement']['start']) for i in created) or 'none')
+
+
+# ---------------------------------------------------------------------------- reset hooks (backends/nvidia.py)
+def destroyed_by_reset(dev):
+    """What a reset of board ``dev`` destroys: its MIG devices and the processes the driver lists on them."""
+    return [{'gpu_instance_id': m.gpu_instance_id, 'compute_instance_id': m.compute_instance_id, 'profile': m.profile,
+             'uuid': m.uuid, 'processes': m.pids} for m in dev.mig_devices or ()]
+
+
+def _describe_destroyed(items):
+    return '; '.join('GPU instance %s / compute instance %s (%s, %s): %s' % (
+        i['gpu_instance_id'], i['compute_instance_id'], i['profile'] or 'profile unknown', i['uuid'] or 'no UUID',
+        'processes %s' % ', '.join(str(p) for p in i['processes']) if i['processes'] else 'no process') for i in items) or 'none'
+
+
+def check_mig(item):
+    """The ``mig`` precondition.  MIG on: what a reset destroys (instances and their processes); refused unless
+    ``mig_reset: recreate``, which records the layout (``item.mig``) that reset_device recreates."""
+    dev = item.dev
+    if dev.mig_mode is None:
+        item.check('mig', NOT_EXPOSED, 'the driver does not report the MIG mode of this GPU')
+        return
+    if not dev.mig_mode:
+        item.check('mig', PASS, 'MIG mode is off')
+        return
+    destroyed = destroyed_by_reset(dev)
+    what = 'MIG mode is on: a reset destroys every GPU and compute instance of this GPU (%s)' % _describe_destroyed(destroyed)
+    item.mig = {'mode': True, 'destroys': destroyed, 'layout': None, 'recreated': None, 'error': None}
+    if getattr(item, 'mig_reset', None) != 'recreate':
+        item.check('mig', FAIL, '%s; refused: set mig_reset: recreate to record the layout, reset and recreate the same '
+                                'instances (their processes end: kill_processes: true), or destroy the instances yourself '
+                                '(nvidia-smi mig -dci -i {i}; nvidia-smi mig -dgi -i {i}) and disable MIG (nvidia-smi -i {i} '
+                                '-mig 0)'.format(i=dev.vendor_index) % what)
+        return
+    layout, why = mig_layout(dev)
+    if layout is None:
+        item.check('mig', FAIL, '%s; mig_reset: recreate cannot recreate them: %s' % (what, why))
+        return
+    item.mig['layout'] = layout
+    item.check('mig', PASS, '%s; mig_reset: recreate: the same %d instance(s) are created again after the reset and '
+                            'checked' % (what, len(layout)))
+
+
+def recreate_after_reset(item, host):
+    """After a successful reset: recreate the recorded MIG layout (mig_reset: recreate); None or an error text."""
+    mig = getattr(item, 'mig', None)
+    if not mig or not mig.get('layout'):
+        return None
+    created, error = recreate_layout(item.dev.pci_bus_id, mig['layout'], nvml_module=host.nvml)
+    mig['recreated'] = created
+    mig['error'] = error
+    if error is not None:
+        return 'the reset succeeded but the MIG instances were not recreated as before: %s; recreate them with nvidia-smi ' \
+               'mig -cgi ... -C -i %s' % (error, item.target)
+    return None
