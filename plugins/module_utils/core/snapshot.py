@@ -111,10 +111,10 @@ def _mig_matches(dev, text):
         if dev.index != int(form.group(1)):
             return []
         gi, ci = int(form.group(2)), form.group(3)
-        return [m for m in dev.mig_devices or () if m.gpu_instance_id == gi and (ci is None or m.compute_instance_id == int(ci))]
+        return [m for m in getattr(dev, 'mig_devices', None) or ()
+                if m.gpu_instance_id == gi and (ci is None or m.compute_instance_id == int(ci))]
     if text.lower().startswith('mig-'):
-        found = dev.mig_device(uuid=text)
-        return [found] if found is not None else []
+        return [m for m in getattr(dev, 'mig_devices', None) or () if m.uuid is not None and m.uuid.lower() == text.lower()]
     return None
 
 
@@ -151,7 +151,7 @@ def resolve_gpu_targets(devices, gpus):
 
 def _unknown_gpu(devices, text):
     known = ', '.join('%s (%s)' % (dev.index, dev.uuid or 'no UUID') for dev in devices) or 'none'
-    migs = ', '.join('%s (%s)' % (m.unit, m.uuid or 'no UUID') for dev in devices for m in dev.mig_devices or ())
+    migs = ', '.join('%s (%s)' % (m.unit, m.uuid or 'no UUID') for dev in devices for m in getattr(dev, 'mig_devices', None) or ())
     if _MIG_FORM.match(text) or text.lower().startswith('mig-'):
         return 'no MIG device on this host has this GPU:GPU-instance id or MIG UUID; MIG devices here: %s' % (migs or 'none')
     return 'no GPU on this host has this index or UUID; GPUs here: %s%s' % (known, '; MIG devices: %s' % migs if migs else '')
