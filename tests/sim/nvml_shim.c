@@ -1926,7 +1926,8 @@ nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance
 /* ------------------------------------------------------------------ creating and destroying instances
  *
  * The shim never writes the state itself: it runs `python -E -s <sim>/gpusim _mig --state $GPU_SIM_STATE OP ...`
- * (gpusim_state.py is the one writer, under its lock), found next to this library (<sim>/build[/r470]), and reads
+ * (gpusim_state.py is the one writer, under its lock), found next to this library (<sim>/build[/r470]; else the
+ * `gpusim` on PATH), and reads
  * the new state back.  gpusim's exit status is the NVML return code; it prints the new instance's id.  Root only
  * (NO_PERMISSION otherwise), as the driver requires. */
 
@@ -1954,15 +1955,19 @@ static nvmlReturn_t run_gpusim_mig(const char *const *args, unsigned *id)
     int pipefd[2], status = 0, n = 0, i;
     ssize_t len, got = 0;
     pid_t pid;
-    if (!state || gpusim_script(script, sizeof(script)) != 0)
+    if (!state)
         return NVML_ERROR_UNKNOWN;
-    len = readlink("/proc/self/exe", python, sizeof(python) - 1);
-    python[len > 0 ? len : 0] = '\0';
-    base = strrchr(python, '/') ? strrchr(python, '/') + 1 : python;
-    argv[n++] = strncmp(base, "python", 6) == 0 ? python : "python3";   /* this interpreter, else PATH's */
-    argv[n++] = "-E";
-    argv[n++] = "-s";
-    argv[n++] = script;
+    if (gpusim_script(script, sizeof(script)) == 0) {
+        len = readlink("/proc/self/exe", python, sizeof(python) - 1);
+        python[len > 0 ? len : 0] = '\0';
+        base = strrchr(python, '/') ? strrchr(python, '/') + 1 : python;
+        argv[n++] = strncmp(base, "python", 6) == 0 ? python : "python3";   /* this interpreter, else PATH's */
+        argv[n++] = "-E";
+        argv[n++] = "-s";
+        argv[n++] = script;
+    } else {
+        argv[n++] = "gpusim";   /* a library built outside the tree: the gpusim on PATH (`gpusim env` puts it there) */
+    }
     argv[n++] = "_mig";
     argv[n++] = "--state";
     argv[n++] = state;
