@@ -605,8 +605,8 @@ def mig_create_gi(state, index, profile_id, start=None):
         taken.update(range(inst['placement'], inst['placement'] + size))
     slices = sum(MIG_PROFILES[i['profile']]['slices'] for i in insts if i['profile'] in MIG_PROFILES)
     if start is not None and start not in profile['placements']:
-        raise MigError(NVML_INVALID_ARGUMENT, '%s cannot start at memory slice %s (placements %s)' % (profile['name'], start,
-                                                                                                    profile['placements']))
+        raise MigError(NVML_INVALID_ARGUMENT,
+                       '%s cannot start at memory slice %s (placements %s)' % (profile['name'], start, profile['placements']))
     free = [s for s in ([start] if start is not None else profile['placements'])
             if not taken & set(range(s, s + profile['memory_slices']))]
     count = sum(1 for i in insts if i['profile'] == profile['name'])

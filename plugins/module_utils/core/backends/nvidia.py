@@ -534,7 +534,7 @@ class NvidiaBackend(Backend):
         rc, text, argv = _nvidia_smi(host, item, '--gpu-reset')
         item.method, item.command, item.output = 'nvidia-smi', argv, text
         if rc == 0:
-            return nvidia_mig.recreate_after_reset(item, host)
+            return nvidia_mig.recreate_after_reset(item, cls(nvml=host.nvml))
         hint = ''
         low = text.lower()
         if 'in use by another client' in low or 'being used' in low:

@@ -170,12 +170,11 @@ def mig_layout(dev):
     return out, None
 
 
-def recreate_layout(bus_id, layout, nvml_module=None):
+def recreate_layout(bus_id, layout, backend):
     """Create the GPU instances (profile id at the recorded placement) and their compute instances of ``layout``
-    on the GPU at PCI ``bus_id``, then read them back.  Returns (created, error): ``created`` lists
-    {gpu_instance_id, compute_instance_id, profile, placement} as the driver now reports them."""
-    from .nvidia import NvidiaBackend  # pylint: disable=import-outside-toplevel  (nvidia imports this module)
-    backend = NvidiaBackend(nvml=nvml_module)
+    on the GPU at PCI ``bus_id``, then read them back, in a session of ``backend`` (a fresh NvidiaBackend, closed
+    here).  Returns (created, error): ``created`` lists {gpu_instance_id, compute_instance_id, profile, placement,
+    gi_profile_id, ci_profile_id} as the driver now reports them."""
     if not backend.probe().available:
         return [], backend.status.error
     nvml = backend.nvml
@@ -257,12 +256,13 @@ def check_mig(item):
                             'checked' % (what, len(layout)))
 
 
-def recreate_after_reset(item, host):
-    """After a successful reset: recreate the recorded MIG layout (mig_reset: recreate); None or an error text."""
+def recreate_after_reset(item, backend):
+    """After a successful reset: recreate the recorded MIG layout (mig_reset: recreate) in a session of ``backend``
+    (a fresh NvidiaBackend); None or an error text."""
     mig = getattr(item, 'mig', None)
     if not mig or not mig.get('layout'):
         return None
-    created, error = recreate_layout(item.dev.pci_bus_id, mig['layout'], nvml_module=host.nvml)
+    created, error = recreate_layout(item.dev.pci_bus_id, mig['layout'], backend)
     mig['recreated'] = created
     mig['error'] = error
     if error is not None:
