@@ -294,6 +294,26 @@ ansible_facts:
               elements: str
               returned: always
               sample: [xid_79]
+            mig_mode:
+              description: Whether the GPU is in MIG mode (NVIDIA), V(null) when the driver cannot tell (other vendors).
+              type: bool
+              returned: always
+            mig_devices:
+              description:
+                - V(null) unless C(mig_mode) is true; then the MIG devices (a GPU instance and its compute instance), each
+                  with C(index), C(gpu_instance_id), C(compute_instance_id), C(profile) (V(3g.71gb)), C(uuid)
+                  (V(MIG-...)), C(placement) (C(start), C(size) in memory slices), C(memory_total_mib),
+                  C(memory_used_mib), C(memory_free_mib), C(orphaned_mib) and C(processes) (pids).
+                - A MIG device's memory is part of the board's C(memory_used_mib), never added to it a second time.
+                - Without root the driver refuses a MIG board's aggregate memory and process lists - the board's memory
+                  figures stay V(null) (C(health.reasons) says so) and its C(processes) are those of its MIG devices.
+              type: list
+              elements: dict
+              returned: always
+              sample: [{index: 0, gpu_instance_id: 1, compute_instance_id: 0, profile: 3g.71gb,
+                        uuid: MIG-2ac4c716-946e-555e-acde-a78bd9e865db, placement: {start: 0, size: 4},
+                        memory_total_mib: 71680, memory_used_mib: 6144, memory_free_mib: 65536, orphaned_mib: 0,
+                        processes: [4242, 4243]}]
         processes:
           description:
             - Processes the driver lists on the selected GPUs, one entry per pid, joined with the host's process table.
@@ -366,6 +386,13 @@ ansible_facts:
               type: str
               returned: always
               sample: "4242"
+            mig:
+              description:
+                - The MIG device the driver lists the process on (C(gpu_instance_id), C(compute_instance_id), C(uuid)), from
+                  NVML's per-process instance ids or the MIG device's process list, V(null) when it runs on no MIG device.
+              type: dict
+              returned: always
+              sample: {gpu_instance_id: 1, compute_instance_id: 0, uuid: MIG-2ac4c716-946e-555e-acde-a78bd9e865db}
         driver_hung:
           description:
             - V(null), or the driver call that did not return within O(driver_timeout) (the task then fails with it),

@@ -67,6 +67,8 @@ options:
   gpus:
     description:
       - Only processes on these GPUs, each a host-wide index (see gpufleet.reclaim.gpu_facts) or a UUID.
+      - On a GPU in MIG mode, a MIG device's UUID (V(MIG-...)) or V(GPU:GI) (V(0:1), or V(0:1:0) with the compute
+        instance) selects only the processes the driver lists on that MIG device.
       - A value that matches no GPU fails the task before anything is signalled.
   users:
     description: Only processes of these users (login names).

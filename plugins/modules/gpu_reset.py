@@ -27,8 +27,13 @@ description:
     (RV(resets[].reboot_recommended)), as does a driver recovery action of C(reboot). A GPU with a failed
     precondition is not touched, and its message says what to do; the other GPUs go on.
   - NVIDIA - C(nvidia-smi --gpu-reset -i <PCI bus id>), with persistence mode switched off for the reset and restored
-    afterwards. MIG mode on is refused with instructions; NVLink and NVSwitch fabric state are checked where the driver
-    exposes them (else reported as C(not_exposed)).
+    afterwards. NVLink and NVSwitch fabric state are checked where the driver exposes them (else reported as
+    C(not_exposed)).
+  - NVIDIA MIG - a reset destroys every GPU and compute instance of the board. With MIG mode on, the C(mig) precondition
+    lists the instances and the processes on them (check mode included), and the reset is refused unless
+    O(mig_reset=recreate). Then the layout (each GPU instance's profile and placement, its compute instance's profile)
+    is recorded, the board is reset, the same instances are created again and compared with the record
+    (RV(resets[].mig)). A MIG UUID or C(GPU:GI) in O(gpus) selects its board.
   - AMD - C(amdsmi_reset_gpu) through the amdsmi library, falling back to C(amd-smi reset --gpureset -g <BDF>).
   - Intel - C(xpu-smi config -d <BDF> --reset) where xpu-smi is installed, else a PCI reset through
     C(/sys/bus/pci/devices/<BDF>/reset).
@@ -135,6 +140,15 @@ options:
       - A drain that was set and cannot be undone fails the GPU, with the command to undo it.
     type: bool
     default: false
+  mig_reset:
+    description:
+      - What to do with a GPU in MIG mode. V(refuse) - do not reset it; the C(mig) precondition says what a reset would
+        destroy. V(recreate) - record its GPU and compute instances, reset it, create the same instances again (same
+        profiles and placements) and verify them. The processes on the instances must be gone first
+        (O(kill_processes=true)).
+    type: str
+    choices: [refuse, recreate]
+    default: refuse
   verify_timeout:
     description: Seconds to wait after the reset for the GPU to answer again with health C(ok) and no orphaned memory.
     type: float
@@ -300,6 +314,14 @@ resets:
       type: list
       elements: dict
       returned: always
+    mig:
+      description:
+        - V(null) unless the GPU is in MIG mode. C(destroys) - the MIG devices a reset destroys (C(gpu_instance_id),
+          C(compute_instance_id), C(profile), C(uuid), C(processes)). C(layout) - with O(mig_reset=recreate), what is
+          recreated (C(gi_profile_id), C(placement), C(ci_profile_id), ...). C(recreated) - the instances as the driver
+          reports them after the re-creation. C(error) - why they could not be recreated as recorded.
+      type: dict
+      returned: always
     reboot_recommended:
       description: A reset cannot help (kernel references, the recovery action says reboot) or it failed - reboot the node.
       type: bool
@@ -369,6 +391,7 @@ def argument_spec():
         all=dict(type='bool', default=False),
         when_needed=dict(type='bool', default=False),
         drain=dict(type='bool', default=False),
+        mig_reset=dict(type='str', default='refuse', choices=['refuse', 'recreate']),
     )
 
 
@@ -378,7 +401,8 @@ def build(params):
                         orphan_threshold_mib=params['orphan_threshold_mib'], kill_processes=params['kill_processes'],
                         kill_timeout=params['kill_timeout'], protect_names=params['protect_names'],
                         protect_users=params['protect_users'], stop_services=params['stop_services'], drain=params['drain'],
-                        verify_timeout=params['verify_timeout'], vendor=params['vendor'], audit_path=params['audit_log'] or None)
+                        verify_timeout=params['verify_timeout'], vendor=params['vendor'], audit_path=params['audit_log'] or None,
+                        mig_reset=params['mig_reset'])
 
 
 def work(module):

@@ -569,6 +569,96 @@ def mig_used_mib(state, gpu, inst, now=None):
     return used
 
 
+# Creating and destroying GPU and compute instances (the shim's nvmlDeviceCreateGpuInstance[WithPlacement],
+# nvmlGpuInstanceCreateComputeInstance, nvmlGpuInstanceDestroy, nvmlComputeInstanceDestroy run `gpusim _mig`).
+# A GPU instance without compute instance is an entry with "ci": null and "uuid": null (no MIG device).  The
+# errors carry the NVML return code the shim answers with.
+NVML_INVALID_ARGUMENT, NVML_NOT_SUPPORTED, NVML_NOT_FOUND, NVML_IN_USE, NVML_INSUFFICIENT_RESOURCES = 2, 3, 6, 19, 23
+
+
+class MigError(StateError):
+    """A refused MIG change: ``code`` is the NVML return code."""
+
+    def __init__(self, code, message):
+        StateError.__init__(self, message)
+        self.code = code
+
+
+def _mig_gpu(state, index):
+    gpu = gpu_by_index(state, index)
+    if gpu is None or not gpu.get('mig') or 'mig_instances' not in gpu:
+        raise MigError(NVML_NOT_SUPPORTED, 'GPU %s is not in MIG mode with a MIG layout' % index)
+    return gpu
+
+
+def mig_create_gi(state, index, profile_id, start=None):
+    """Add a GPU instance of the profile with this id (at memory slice ``start``, else the first free placement);
+    returns its GI id (the lowest unused, from 1)."""
+    gpu = _mig_gpu(state, index)
+    profile = next((p for p in gpu.get('mig_profiles') or [] if p.get('id') == profile_id), None)
+    if profile is None:
+        raise MigError(NVML_INVALID_ARGUMENT, 'GPU %s has no GPU instance profile id %s' % (index, profile_id))
+    insts = gpu['mig_instances']
+    taken = set()
+    for inst in insts:
+        size = MIG_PROFILES[inst['profile']]['memory_slices'] if inst['profile'] in MIG_PROFILES else 1
+        taken.update(range(inst['placement'], inst['placement'] + size))
+    slices = sum(MIG_PROFILES[i['profile']]['slices'] for i in insts if i['profile'] in MIG_PROFILES)
+    if start is not None and start not in profile['placements']:
+        raise MigError(NVML_INVALID_ARGUMENT,
+                       '%s cannot start at memory slice %s (placements %s)' % (profile['name'], start, profile['placements']))
+    free = [s for s in ([start] if start is not None else profile['placements'])
+            if not taken & set(range(s, s + profile['memory_slices']))]
+    count = sum(1 for i in insts if i['profile'] == profile['name'])
+    if not free or slices + profile['slices'] > MIG_COMPUTE_SLICES or count >= profile['instance_count']:
+        raise MigError(NVML_INSUFFICIENT_RESOURCES, 'no room for a %s instance on GPU %s' % (profile['name'], index))
+    gi = min(set(range(1, MIG_COMPUTE_SLICES + 1)) - set(i['gi'] for i in insts))
+    insts.append({'gi': gi, 'ci': None, 'profile': profile['name'], 'placement': free[0], 'memory_mib': profile['memory_mib'],
+                  'uuid': None})
+    insts.sort(key=lambda i: i['gi'])
+    return gi
+
+
+def mig_create_ci(state, index, gi, profile_id):
+    """Add the full-size compute instance (CI 0) to GPU instance ``gi``; returns its CI id."""
+    gpu = _mig_gpu(state, index)
+    inst = next((i for i in gpu['mig_instances'] if i['gi'] == gi), None)
+    if inst is None:
+        raise MigError(NVML_INVALID_ARGUMENT, 'GPU %s has no GPU instance %s' % (index, gi))
+    if MIG_PROFILES[inst['profile']]['ci_enum'] != profile_id:
+        raise MigError(NVML_NOT_SUPPORTED, 'only the full-size compute instance (profile %s) is simulated'
+                       % MIG_PROFILES[inst['profile']]['ci_enum'])
+    if inst['ci'] is not None:
+        raise MigError(NVML_INSUFFICIENT_RESOURCES, 'GPU instance %s already has its compute instance' % gi)
+    inst['ci'] = 0
+    inst['uuid'] = mig_uuid(gpu['uuid'], gi, 0)
+    return 0
+
+
+def mig_destroy_ci(state, index, gi, now=None):
+    gpu = _mig_gpu(state, index)
+    inst = next((i for i in gpu['mig_instances'] if i['gi'] == gi and i['ci'] is not None), None)
+    if inst is None:
+        raise MigError(NVML_INVALID_ARGUMENT, 'GPU %s has no compute instance on GPU instance %s' % (index, gi))
+    busy = [e['pid'] for e in state.get('processes', []) if e.get('gpu') == index and e.get('mig_gi') == gi and entry_busy(e)]
+    if busy:
+        raise MigError(NVML_IN_USE, 'processes %s run on GPU instance %s' % (busy, gi))
+    inst['ci'] = None
+    inst['uuid'] = None
+    return 0
+
+
+def mig_destroy_gi(state, index, gi):
+    gpu = _mig_gpu(state, index)
+    inst = next((i for i in gpu['mig_instances'] if i['gi'] == gi), None)
+    if inst is None:
+        raise MigError(NVML_INVALID_ARGUMENT, 'GPU %s has no GPU instance %s' % (index, gi))
+    if inst['ci'] is not None:
+        raise MigError(NVML_IN_USE, 'GPU instance %s still has a compute instance' % gi)
+    gpu['mig_instances'].remove(inst)
+    return 0
+
+
 # ---------------------------------------------------------------------------
 # health: Xid events (the NVML event queue and the fake kernel log), recovery action, hung driver
 

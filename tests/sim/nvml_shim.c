@@ -32,13 +32,17 @@
  *    (nvmlDeviceGetMigDeviceHandleByIndex, by "MIG-..." UUID) answer name, UUID, memory, process lists and
  *    GI/CI ids of their instance and NOT_SUPPORTED to other device queries; the board handle gives aggregate
  *    memory and processes (with GI/CI ids) to root only (NO_PERMISSION otherwise, as nvml.h documents) and no
- *    utilization; GPU-instance profiles, placements, capacity and GPU/compute instances are read-only.
+ *    utilization; GPU-instance profiles, placements, capacity and GPU/compute instances are read, and created and
+ *    destroyed (root only) by running `gpusim _mig`, the state's one writer (the shim never writes the state).
  *  - Fault injection: $GPUSIM_NVML_SEGFAULT="FUNCTION[:N][@main|@child]" makes the Nth call (default 1)
  *    of the NVML function FUNCTION in this process die of SIGSEGV, as a crashing vendor library does
  *    ("*" counts every call).  Calls are counted per process; nothing else changes.  "@main" / "@child":
  *    only in processes that are not / are a watchdog child of the core ($_GPUFLEET_WATCHDOG set).
  */
+#define _GNU_SOURCE   /* dladdr: where this library lives, to find gpusim next to it */
 #define _POSIX_C_SOURCE 200809L
+
+#include <dlfcn.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -52,6 +56,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -68,6 +73,8 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_DRIVER_NOT_LOADED 9
 #define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_FUNCTION_NOT_FOUND 13
+#define NVML_ERROR_IN_USE 19
+#define NVML_ERROR_INSUFFICIENT_RESOURCES 23
 #define NVML_ERROR_GPU_IS_LOST 15
 #define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 #define NVML_ERROR_UNKNOWN 999
@@ -460,8 +467,10 @@ typedef struct {
     unsigned nplacements, placements[SIM_MAX_PLACEMENTS];
 } sim_profile;
 
-/* One MIG device: a GPU instance and its compute instance (the state's "mig_instances"). */
+/* One GPU instance and its compute instance, a MIG device (the state's "mig_instances"); has_ci 0: a GPU
+ * instance without compute instance (its "ci" is null), which is no MIG device.  Handles are keyed by the GI id. */
 typedef struct {
+    int has_ci;
     unsigned gi, ci, placement;
     int profile;                  /* index into the GPU's profiles; -1: not in the table */
     double memory_mib;
@@ -624,6 +633,8 @@ static void load_mig(const jnode *o, sim_gpu *g)
         if (c->type != JT_OBJ) continue;
         memset(m, 0, sizeof(*m));
         m->gi = to_uint(jnum(c, "gi", 0));
+        if (m->gi == 0 || m->gi >= SIM_MAX_MIG) continue;   /* gpusim numbers GPU instances 1..7 */
+        m->has_ci = !isnan(jnum(c, "ci", NAN));
         m->ci = to_uint(jnum(c, "ci", 0));
         m->placement = to_uint(jnum(c, "placement", 0));
         m->memory_mib = jnum(c, "memory_mib", 0);
@@ -1024,6 +1035,15 @@ static nvmlReturn_t api_end(nvmlReturn_t rc)
     return rc;
 }
 
+/* The position in g->migs of GPU instance `gi`, or -1. */
+static int mig_by_gi(const sim_gpu *g, unsigned gi)
+{
+    unsigned k;
+    for (k = 0; k < g->nmig; k++)
+        if (g->migs[k].gi == gi) return (int)k;
+    return -1;
+}
+
 /* A board handle (*mig = NULL) or a MIG device handle (*out = its parent, *mig = the MIG device).  A MIG
  * handle whose GPU has left MIG mode or lost that device is stale: INVALID_ARGUMENT. */
 static nvmlReturn_t any_lookup(nvmlDevice_t dev, const sim_gpu **out, const sim_mig **mig, int allow_lost)
@@ -1048,9 +1068,10 @@ static nvmlReturn_t any_lookup(nvmlDevice_t dev, const sim_gpu **out, const sim_
         return NVML_ERROR_INVALID_ARGUMENT;
     *out = &g_state.gpus[slot];
     if (is_mig) {
-        if (!mig_active(*out) || idx >= (*out)->nmig)
+        int k = mig_by_gi(*out, idx);
+        if (!mig_active(*out) || k < 0 || !(*out)->migs[k].has_ci)
             return NVML_ERROR_INVALID_ARGUMENT;
-        *mig = &(*out)->migs[idx];
+        *mig = &(*out)->migs[k];
     }
     return (*out)->lost && !allow_lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
 }
@@ -1212,6 +1233,8 @@ const char *nvmlErrorString(nvmlReturn_t result)
     case 19: return "In use by another client";
     case 20: return "Insufficient Memory";
     case 21: return "No data";
+    case 22: return "The requested vgpu operation is not available on target device, becasue ECC is enabled";
+    case 23: return "Insufficient resources for request";
     case 25: return "Argument version mismatch";
     case 26: return "Deprecated";
     case 27: return "Not ready";
@@ -1299,8 +1322,8 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
                 rc = NVML_SUCCESS;
             }
             for (k = 0; rc == NVML_ERROR_NOT_FOUND && mig_active(g) && k < g->nmig; k++)
-                if (strcmp(g->migs[k].uuid, uuid) == 0) {   /* a MIG device's "MIG-..." UUID */
-                    *device = &g_mig_handles[i][k];
+                if (g->migs[k].has_ci && strcmp(g->migs[k].uuid, uuid) == 0) {   /* a MIG device's "MIG-..." UUID */
+                    *device = &g_mig_handles[i][g->migs[k].gi];
                     rc = NVML_SUCCESS;
                 }
         }
@@ -1587,9 +1610,13 @@ nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned int *coun
 nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned int index, nvmlDevice_t *migDevice)
 {
     DEVICE_CALL(dev, 0, REQUIRE(migDevice) {
+        unsigned k, n = 0;
         if (!mig_active(g)) rc = NVML_ERROR_NOT_SUPPORTED;
-        else if (index >= g->nmig) rc = NVML_ERROR_NOT_FOUND;
-        else *migDevice = &g_mig_handles[g - g_state.gpus][index];
+        for (k = 0, rc = rc ? rc : NVML_ERROR_NOT_FOUND; rc == NVML_ERROR_NOT_FOUND && k < g->nmig; k++)
+            if (g->migs[k].has_ci && n++ == index) {   /* the MIG devices in GI order, GPU instances without CI skipped */
+                *migDevice = &g_mig_handles[g - g_state.gpus][g->migs[k].gi];
+                rc = NVML_SUCCESS;
+            }
     });
 }
 
@@ -1755,9 +1782,9 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t dev, unsigne
 
 static nvmlGpuInstance_t gi_handle(const sim_gpu *g, unsigned k)
 {
-    nvmlGpuInstance_t h = &g_gi_handles[g - g_state.gpus][k];
+    nvmlGpuInstance_t h = &g_gi_handles[g - g_state.gpus][g->migs[k].gi];
     h->slot = (unsigned)(g - g_state.gpus);
-    h->mig = k;
+    h->mig = g->migs[k].gi;
     return h;
 }
 
@@ -1801,15 +1828,15 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t dev, unsigned int id, nvm
     });
 }
 
-/* A GPU instance handle (or a compute instance's, same layout) -> its GPU and MIG device. */
+/* A GPU instance handle (or a compute instance's, same layout; `k` is the GI id) -> its GPU and MIG device. */
 static nvmlReturn_t instance_lookup(unsigned slot, unsigned k, const sim_gpu **g, const sim_mig **m)
 {
     if (slot >= g_state.ngpus)
         return NVML_ERROR_INVALID_ARGUMENT;
     *g = &g_state.gpus[slot];
-    if (!mig_active(*g) || k >= (*g)->nmig)
+    if (!mig_active(*g) || mig_by_gi(*g, k) < 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *m = &(*g)->migs[k];
+    *m = &(*g)->migs[mig_by_gi(*g, k)];
     return (*g)->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
 }
 
@@ -1850,9 +1877,9 @@ nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstan
 
 static nvmlComputeInstance_t ci_handle(const sim_gpu *g, unsigned k)
 {
-    nvmlComputeInstance_t h = &g_ci_handles[g - g_state.gpus][k];
+    nvmlComputeInstance_t h = &g_ci_handles[g - g_state.gpus][g->migs[k].gi];
     h->slot = (unsigned)(g - g_state.gpus);
-    h->mig = k;
+    h->mig = g->migs[k].gi;
     return h;
 }
 
@@ -1866,7 +1893,7 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance, u
             rc = NVML_ERROR_INVALID_ARGUMENT;
         } else {
             *count = 0;
-            if (p && p->ci_enum == profileId)
+            if (p && m->has_ci && p->ci_enum == profileId)
                 computeInstances[(*count)++] = ci_handle(g, (unsigned)(m - g->migs));
         }
     });
@@ -1877,14 +1904,14 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance
 {
     INSTANCE_CALL(gi_handle_valid, gpuInstance, {
         if (!computeInstance) rc = NVML_ERROR_INVALID_ARGUMENT;
-        else if (m->ci != id) rc = NVML_ERROR_NOT_FOUND;
+        else if (!m->has_ci || m->ci != id) rc = NVML_ERROR_NOT_FOUND;
         else *computeInstance = ci_handle(g, (unsigned)(m - g->migs));
     });
 }
 
 nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance, nvmlComputeInstanceInfo_t *info)
 {
-    INSTANCE_CALL(ci_handle_valid, computeInstance, REQUIRE(info) {
+    INSTANCE_CALL(ci_handle_valid, computeInstance, REQUIRE(info) if (!m->has_ci) rc = NVML_ERROR_INVALID_ARGUMENT; else {
         const sim_profile *p = mig_profile(g, m);
         memset(info, 0, sizeof(*info));
         info->device = handle_for((unsigned)(g - g_state.gpus));
@@ -1893,6 +1920,174 @@ nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance
         info->profileId = p ? p->ci_enum : 0;
         info->placement.start = 0;
         info->placement.size = p ? p->slices : 1;
+    });
+}
+
+/* ------------------------------------------------------------------ creating and destroying instances
+ *
+ * The shim never writes the state itself: it runs `python -E -s <sim>/gpusim _mig --state $GPU_SIM_STATE OP ...`
+ * (gpusim_state.py is the one writer, under its lock), found next to this library (<sim>/build[/r470]; else the
+ * `gpusim` on PATH), and reads
+ * the new state back.  gpusim's exit status is the NVML return code; it prints the new instance's id.  Root only
+ * (NO_PERMISSION otherwise), as the driver requires. */
+
+static int gpusim_script(char *out, size_t size)
+{
+    Dl_info info;
+    char lib[PATH_MAX], *slash;
+    int up;
+    if (!dladdr((void *)gpusim_script, &info) || !info.dli_fname || !realpath(info.dli_fname, lib))
+        return -1;
+    for (up = 0; up < 2; up++) {
+        if (!(slash = strrchr(lib, '/'))) return -1;
+        *slash = '\0';                                  /* <sim>/build/r470 -> <sim>/build -> <sim> */
+        if ((size_t)snprintf(out, size, "%s/../gpusim", lib) < size && access(out, R_OK) == 0)
+            return 0;
+    }
+    return -1;
+}
+
+/* Runs gpusim _mig with `args` (NULL-terminated); returns its NVML code, *id = the number it printed. */
+static nvmlReturn_t run_gpusim_mig(const char *const *args, unsigned *id)
+{
+    char script[PATH_MAX], python[PATH_MAX], out[64];
+    const char *argv[16], *state = getenv("GPU_SIM_STATE"), *base;
+    int pipefd[2], status = 0, n = 0, i;
+    ssize_t len, got = 0;
+    pid_t pid;
+    if (!state)
+        return NVML_ERROR_UNKNOWN;
+    if (gpusim_script(script, sizeof(script)) == 0) {
+        len = readlink("/proc/self/exe", python, sizeof(python) - 1);
+        python[len > 0 ? len : 0] = '\0';
+        base = strrchr(python, '/') ? strrchr(python, '/') + 1 : python;
+        argv[n++] = strncmp(base, "python", 6) == 0 ? python : "python3";   /* this interpreter, else PATH's */
+        argv[n++] = "-E";
+        argv[n++] = "-s";
+        argv[n++] = script;
+    } else {
+        argv[n++] = "gpusim";   /* a library built outside the tree: the gpusim on PATH (`gpusim env` puts it there) */
+    }
+    argv[n++] = "_mig";
+    argv[n++] = "--state";
+    argv[n++] = state;
+    for (i = 0; args[i] && n < 15; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    if (pipe(pipefd) != 0)
+        return NVML_ERROR_UNKNOWN;
+    pid = fork();
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_RDWR);
+        dup2(pipefd[1], 1);
+        if (devnull >= 0) { dup2(devnull, 0); dup2(devnull, 2); }
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    if (pid < 0) { close(pipefd[0]); return NVML_ERROR_UNKNOWN; }
+    while (got < (ssize_t)sizeof(out) - 1 && (len = read(pipefd[0], out + got, sizeof(out) - 1 - got)) != 0) {
+        if (len < 0 && errno == EINTR) continue;
+        if (len < 0) break;
+        got += len;
+    }
+    out[got] = '\0';
+    close(pipefd[0]);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (!WIFEXITED(status) || WEXITSTATUS(status) == 127)
+        return NVML_ERROR_UNKNOWN;
+    if (id) *id = (unsigned)strtoul(out, NULL, 10);
+    refresh();
+    return WEXITSTATUS(status) == 0 ? NVML_SUCCESS : (nvmlReturn_t)WEXITSTATUS(status);
+}
+
+static nvmlReturn_t create_gi(nvmlDevice_t dev, unsigned int profileId, const nvmlGpuInstancePlacement_t *placement,
+                              nvmlGpuInstance_t *gpuInstance)
+{
+    DEVICE_CALL(dev, 0, {
+        char index[16], profile[16], start[16];
+        const char *args[] = {"create-gi", index, profile, placement ? start : NULL, NULL};
+        unsigned gi = 0;
+        int k;
+        snprintf(index, sizeof(index), "%d", g->index);
+        snprintf(profile, sizeof(profile), "%u", profileId);
+        snprintf(start, sizeof(start), "%u", placement ? placement->start : 0);
+        if (!gpuInstance) rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (!mig_active(g)) rc = NVML_ERROR_NOT_SUPPORTED;
+        else if (geteuid() != 0) rc = NVML_ERROR_NO_PERMISSION;
+        else if (placement && (!find_profile(g, profileId, 0) || placement->size != find_profile(g, profileId, 0)->memory_slices))
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if ((rc = run_gpusim_mig(args, &gi)) == NVML_SUCCESS) {
+            k = mig_by_gi(g, gi);   /* g points into g_state, read again in place */
+            if (k < 0) rc = NVML_ERROR_UNKNOWN;
+            else *gpuInstance = gi_handle(g, (unsigned)k);
+        }
+    });
+}
+
+nvmlReturn_t nvmlDeviceCreateGpuInstance(nvmlDevice_t dev, unsigned int profileId, nvmlGpuInstance_t *gpuInstance)
+{
+    return create_gi(dev, profileId, NULL, gpuInstance);
+}
+
+nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t dev, unsigned int profileId,
+                                                      const nvmlGpuInstancePlacement_t *placement, nvmlGpuInstance_t *gpuInstance)
+{
+    if (!placement) return NVML_ERROR_INVALID_ARGUMENT;
+    return create_gi(dev, profileId, placement, gpuInstance);
+}
+
+/* Only the full-size compute instance of a GPU instance (its profile's ci_enum) is simulated. */
+nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t gpuInstance, unsigned int profileId,
+                                                  nvmlComputeInstance_t *computeInstance)
+{
+    INSTANCE_CALL(gi_handle_valid, gpuInstance, {
+        char index[16], gi[16], profile[16];
+        const char *args[] = {"create-ci", index, gi, profile, NULL};
+        const sim_profile *p = mig_profile(g, m);
+        unsigned ci = 0, gi_id = m->gi;
+        snprintf(index, sizeof(index), "%d", g->index);
+        snprintf(gi, sizeof(gi), "%u", m->gi);
+        snprintf(profile, sizeof(profile), "%u", profileId);
+        if (!computeInstance) rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (geteuid() != 0) rc = NVML_ERROR_NO_PERMISSION;
+        else if (!p || p->ci_enum != profileId) rc = NVML_ERROR_NOT_SUPPORTED;
+        else if (m->has_ci) rc = NVML_ERROR_INSUFFICIENT_RESOURCES;
+        else if ((rc = run_gpusim_mig(args, &ci)) == NVML_SUCCESS) {
+            int k = mig_by_gi(g, gi_id);
+            if (k < 0 || !g->migs[k].has_ci) rc = NVML_ERROR_UNKNOWN;
+            else *computeInstance = ci_handle(g, (unsigned)k);
+        }
+    });
+}
+
+/* IN_USE while the compute instance exists (destroy it first), as the driver answers. */
+nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t gpuInstance)
+{
+    INSTANCE_CALL(gi_handle_valid, gpuInstance, {
+        char index[16], gi[16];
+        const char *args[] = {"destroy-gi", index, gi, NULL};
+        snprintf(index, sizeof(index), "%d", g->index);
+        snprintf(gi, sizeof(gi), "%u", m->gi);
+        if (geteuid() != 0) rc = NVML_ERROR_NO_PERMISSION;
+        else if (m->has_ci) rc = NVML_ERROR_IN_USE;
+        else rc = run_gpusim_mig(args, NULL);
+    });
+}
+
+/* IN_USE while a listed process runs on it. */
+nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t computeInstance)
+{
+    INSTANCE_CALL(ci_handle_valid, computeInstance, {
+        char index[16], gi[16];
+        const char *args[] = {"destroy-ci", index, gi, NULL};
+        size_t i;
+        snprintf(index, sizeof(index), "%d", g->index);
+        snprintf(gi, sizeof(gi), "%u", m->gi);
+        if (!m->has_ci) rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (geteuid() != 0) rc = NVML_ERROR_NO_PERMISSION;
+        for (i = 0; rc == NVML_SUCCESS && i < g_state.nprocs; i++)
+            if (proc_on(&g_state.procs[i], g, m) && proc_listed(&g_state.procs[i])) rc = NVML_ERROR_IN_USE;
+        if (rc == NVML_SUCCESS) rc = run_gpusim_mig(args, NULL);
     });
 }
 

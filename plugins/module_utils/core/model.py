@@ -32,6 +32,25 @@ NOT_FOUND = 'not_found'
 CONTEXT_OVERHEAD_MIB = {'nvidia': 16}
 
 
+def unattributed_mib(vendor, used_mib, processes, complete):
+    """Used memory that none of ``processes`` (DriverProcess) accounts for, MiB clamped at 0, or None.
+
+    What a driver uses per context and charges to no process (``CONTEXT_OVERHEAD_MIB`` per listed process)
+    reads as 0; above that allowance the whole unattributed figure is reported.  Unknown when the used figure
+    is unknown, the process list is incomplete (``complete`` False) or a listed process has no figure.
+    """
+    if used_mib is None or not complete:
+        return None
+    total = 0
+    for proc in processes:
+        if proc.used_mib is None:
+            return None
+        total += proc.used_mib
+    unattributed = used_mib - total
+    allowance = CONTEXT_OVERHEAD_MIB.get(vendor, 0) * len(processes)
+    return unattributed if unattributed > allowance else 0
+
+
 class _Record(object):
     """Plain value classes, built like dataclasses: ``Class(field, ..., name=value)``.
 
@@ -174,10 +193,12 @@ class DriverProcess(_Record):
     driver has no per-process figure (call not supported, no permission, error). ``name``: the
     process name as the driver reports it (amdsmi, ioreg); None when it reports none.
     ``system_mib``: system memory (GTT) the process's GPU buffers use, MiB (amdgpu, xe, i915); None
-    when unknown.
+    when unknown.  ``mig``: the MIG device the driver lists it on, as MigDevice.ref() gives it (from NVML's
+    per-process GPU and compute instance ids, or a MIG device handle's process list); None when it runs
+    on no MIG device.
     """
 
-    _fields = ('pid', 'used_mib', 'types', 'util_pct', 'name', 'system_mib')
+    _fields = ('pid', 'used_mib', 'types', 'util_pct', 'name', 'system_mib', 'mig')
     _required = ('pid',)
     _factories = {'types': list}
 
@@ -194,13 +215,118 @@ class DriverProcess(_Record):
             self.types.append(ptype)
 
 
+def add_driver_process(processes, pid, used_mib, ptype):
+    """Add a driver's list entry to ``processes`` (DriverProcess), merged with an entry of the same pid."""
+    for proc in processes:
+        if proc.pid == pid:
+            proc.merge(used_mib, ptype)
+            return proc
+    proc = DriverProcess(pid=int(pid), used_mib=used_mib, types=[ptype] if ptype else [])
+    processes.append(proc)
+    return proc
+
+
+class MigDevice(_Record):
+    """One MIG device of a board in MIG mode: a GPU instance and one of its compute instances.
+
+    ``index``: the MIG device index on its board (nvmlDeviceGetMigDeviceHandleByIndex); ``profile``: the
+    GPU instance profile as the device name gives it (``3g.71gb``); memory in MiB from the MIG device's own
+    memory info (never added to the board's: the board's figure already holds it); ``driver_processes``:
+    its process list (DriverProcess); ``processes_complete``: False when that list could not be read.
+    ``placement`` ({start, size} in memory slices), ``gi_profile_id`` and ``ci_profile_id`` describe the
+    layout a MIG-aware reset recreates; None when the driver does not tell.
+    """
+
+    _fields = ('index', 'gpu_instance_id', 'compute_instance_id', 'profile', 'uuid', 'memory_total_mib',
+               'memory_used_mib', 'memory_free_mib', 'orphaned_mib', 'driver_processes', 'processes_complete',
+               'placement', 'gi_profile_id', 'ci_profile_id', 'parent_index')
+    _required = ('index',)
+    _defaults = {'processes_complete': True}
+    _factories = {'driver_processes': list}
+
+    @property
+    def pids(self):
+        return sorted(p.pid for p in self.driver_processes)
+
+    def add_driver_process(self, pid, used_mib, ptype):
+        return add_driver_process(self.driver_processes, pid, used_mib, ptype)
+
+    @property
+    def unit(self):
+        """How policy rules and selectors name it: ``GPU:GI`` (``GPU:GI:CI`` for a compute instance other than 0)."""
+        return MigUnit.of(self.parent_index, self.gpu_instance_id, self.compute_instance_id)
+
+    def ref(self):
+        """What a process on it carries as ``mig``."""
+        return {'gpu_instance_id': self.gpu_instance_id, 'compute_instance_id': self.compute_instance_id, 'uuid': self.uuid}
+
+    def to_dict(self):
+        return {
+            'index': self.index,
+            'gpu_instance_id': self.gpu_instance_id,
+            'compute_instance_id': self.compute_instance_id,
+            'profile': self.profile,
+            'uuid': self.uuid,
+            'placement': dict(self.placement) if self.placement is not None else None,
+            'memory_total_mib': self.memory_total_mib,
+            'memory_used_mib': self.memory_used_mib,
+            'memory_free_mib': self.memory_free_mib,
+            'orphaned_mib': self.orphaned_mib,
+            'processes': self.pids,
+        }
+
+
+def gpu_units(proc):
+    """What a GpuProcess holds as policy rules count GPUs (docs/policy.md, MIG): each GPU index, except that on a
+    board in MIG mode it holds the MIG device the driver lists it on (a MigUnit, ``GPU:GI``) instead."""
+    mig = getattr(proc, 'mig_by_gpu', None) or {}
+    return [mig[g].unit if g in mig else g for g in proc.gpu_indexes or ()]
+
+
+def unit_gpu(unit):
+    """The host-wide GPU index of a unit of gpu_units()."""
+    return unit.gpu if isinstance(unit, MigUnit) else unit
+
+
+class MigUnit(str):
+    """A MIG device as a policy unit: the text ``GPU:GI`` (or ``GPU:GI:CI``), ordered among plain GPU indexes
+    (ints) by (GPU, GI, CI), a board before its instances.  A str, so violations serialise as they did."""
+
+    @classmethod
+    def of(cls, gpu, gi, ci):
+        unit = cls('%s:%s' % (gpu, gi) if not ci else '%s:%s:%s' % (gpu, gi, ci))
+        unit.order = (int(gpu) if gpu is not None else -1, int(gi or 0), int(ci or 0))
+        unit.gpu = gpu
+        return unit
+
+    @staticmethod
+    def _key(value):
+        return value.order if isinstance(value, MigUnit) else (int(value), -1, -1)
+
+    def __lt__(self, other):
+        return self._key(self) < self._key(other)
+
+    def __gt__(self, other):
+        return self._key(self) > self._key(other)
+
+    def __le__(self, other):
+        return self._key(self) <= self._key(other)
+
+    def __ge__(self, other):
+        return self._key(self) >= self._key(other)
+
+    __hash__ = str.__hash__
+
+
 class Device(_Record):
     """One GPU as read from its vendor library.  ``index`` is assigned by the snapshot.
 
     ``memory_reserved_mib``: memory the driver/firmware sets aside; known only from NVML MemoryInfo
     v2.  memory_used_mib never includes it when it is known. ``processes_complete``: False when a
     process list could not be read (no permission, lost GPU, error): the pids in driver_processes
-    are then incomplete and orphaned memory cannot be computed.
+    are then incomplete and orphaned memory cannot be computed.  ``mig_mode``: True/False, None when
+    the driver cannot tell.  ``mig_devices``: the MigDevices of a board in MIG mode ([] when it has
+    none), None when MIG is off or unknown.
     """
 
     _fields = ('vendor', 'vendor_index', 'index', 'uuid', 'name', 'pci_bus_id', 'minor',
@@ -208,7 +334,7 @@ class Device(_Record):
                'memory_api', 'utilization_pct', 'memory_utilization_pct', 'temperature_c',
                'power_w', 'power_limit_w', 'fan_pct', 'persistence_mode', 'mig_mode',
                'ecc_uncorrected_volatile', 'orphaned_mib', 'health', 'driver_processes',
-               'processes_complete', 'errors', 'xid_events', 'recovery_action')
+               'processes_complete', 'errors', 'xid_events', 'recovery_action', 'mig_devices')
     _required = ('vendor', 'vendor_index')
     _defaults = {'processes_complete': True}
     _factories = {'health': Health, 'driver_processes': list, 'errors': list}
@@ -230,13 +356,7 @@ class Device(_Record):
         del self.xid_events[:-MAX_XID_EVENTS]
 
     def add_driver_process(self, pid, used_mib, ptype):
-        for proc in self.driver_processes:
-            if proc.pid == pid:
-                proc.merge(used_mib, ptype)
-                return proc
-        proc = DriverProcess(pid=int(pid), used_mib=used_mib, types=[ptype] if ptype else [])
-        self.driver_processes.append(proc)
-        return proc
+        return add_driver_process(self.driver_processes, pid, used_mib, ptype)
 
     def reading_failed(self, what, error):
         """Record a reading that failed (other than 'not supported'): an error and a health note."""
@@ -256,20 +376,25 @@ class Device(_Record):
         context and charges to no process (``CONTEXT_OVERHEAD_MIB`` per listed process) reads as 0;
         above that allowance the whole unattributed figure is reported.  Unknown whenever the used
         figure is unknown, a process list could not be read, or a listed process has no figure.
+        On a board in MIG mode each MIG device's orphaned memory is computed the same way from its own figures.
         """
-        if self.memory_used_mib is None or not self.processes_complete or self.health.status == 'lost':
-            self.orphaned_mib = None
-            return None
-        total = 0
-        for proc in self.driver_processes:
-            if proc.used_mib is None:
-                self.orphaned_mib = None
-                return None
-            total += proc.used_mib
-        unattributed = self.memory_used_mib - total
-        allowance = CONTEXT_OVERHEAD_MIB.get(self.vendor, 0) * len(self.driver_processes)
-        self.orphaned_mib = unattributed if unattributed > allowance else 0
+        lost = self.health.status == 'lost'
+        for mig in self.mig_devices or ():
+            mig.orphaned_mib = None if lost else unattributed_mib(self.vendor, mig.memory_used_mib, mig.driver_processes,
+                                                                  mig.processes_complete)
+        self.orphaned_mib = None if lost else unattributed_mib(self.vendor, self.memory_used_mib, self.driver_processes,
+                                                               self.processes_complete)
         return self.orphaned_mib
+
+    def mig_device(self, uuid=None, gpu_instance_id=None, compute_instance_id=None):
+        """This board's MigDevice with this UUID, or with these GPU (and compute, when given) instance ids; or None."""
+        for mig in self.mig_devices or ():
+            if uuid is not None:
+                if mig.uuid is not None and mig.uuid.lower() == str(uuid).lower():
+                    return mig
+            elif mig.gpu_instance_id == gpu_instance_id and compute_instance_id in (None, mig.compute_instance_id):
+                return mig
+        return None
 
     def to_dict(self):
         return {
@@ -292,6 +417,8 @@ class Device(_Record):
             'xid_events': [event.to_dict() for event in self.xid_events] if self.xid_events is not None else None,
             'recovery_action': self.recovery_action,
             'health_reasons': list(self.health.codes),
+            'mig_mode': self.mig_mode,
+            'mig_devices': [mig.to_dict() for mig in self.mig_devices] if self.mig_devices is not None else None,
         }
 
 
@@ -326,15 +453,22 @@ class GpuProcess(_Record):
     """A process the driver lists on one or more GPUs, joined with the host's process table.
 
     ``util_pct``: highest per-process utilization over its GPUs; None as soon as one GPU cannot
-    tell.
+    tell.  ``mig_by_gpu``: GPU index -> the MigDevice it runs on there (only boards in MIG mode).
     """
 
     _fields = ('pid', 'gpu_indexes', 'used_mib', 'used_mib_by_gpu', 'types', 'util_pct',
                'util_pct_by_gpu', 'user', 'uid', 'name', 'cmdline', 'create_time', 'starttime',
-               'status', 'container', 'slurm_job', 'ppid', 'exe', 'device_paths', 'identity')
+               'status', 'container', 'slurm_job', 'ppid', 'exe', 'device_paths', 'identity', 'mig_by_gpu')
     _required = ('pid',)
     _defaults = {'status': NOT_FOUND}
-    _factories = {'gpu_indexes': list, 'used_mib_by_gpu': dict, 'types': list, 'util_pct_by_gpu': dict}
+    _factories = {'gpu_indexes': list, 'used_mib_by_gpu': dict, 'types': list, 'util_pct_by_gpu': dict, 'mig_by_gpu': dict}
+
+    @property
+    def mig(self):
+        """The MigDevice it runs on (the first by GPU index when several), or None."""
+        for index in sorted(self.mig_by_gpu):
+            return self.mig_by_gpu[index]
+        return None
 
     @property
     def found(self):
@@ -351,7 +485,9 @@ class GpuProcess(_Record):
             return None
         return bool(self.device_paths)
 
-    def add_gpu(self, gpu_index, used_mib, types, util_pct=None):
+    def add_gpu(self, gpu_index, used_mib, types, util_pct=None, mig=None):
+        if mig is not None:
+            self.mig_by_gpu[gpu_index] = mig
         if gpu_index not in self.gpu_indexes:
             self.gpu_indexes.append(gpu_index)
             self.gpu_indexes.sort()
@@ -384,6 +520,7 @@ class GpuProcess(_Record):
             'status': self.status,
             'container': self.container.to_dict() if self.container is not None else None,
             'slurm_job': self.slurm_job,
+            'mig': self.mig.ref() if self.mig is not None else None,
         }
 
 

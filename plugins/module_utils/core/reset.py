@@ -61,7 +61,7 @@ class ResetOptions(object):
 
     def __init__(self, gpus=None, all_gpus=False, when_needed=False, orphan_threshold_mib=1024, kill_processes=False,
                  kill_timeout=10.0, protect_names=DEFAULT_PROTECT_NAMES, protect_users=(), stop_services=(), drain=False,
-                 verify_timeout=60.0, vendor='auto', audit_path=None):
+                 verify_timeout=60.0, vendor='auto', audit_path=None, mig_reset=None):
         if not (gpus or all_gpus or when_needed):
             raise InvalidArgument('gpus', gpus, 'say which GPUs to reset: gpus (indexes or UUIDs), all: true, or when_needed: true')
         if gpus and all_gpus:
@@ -87,6 +87,9 @@ class ResetOptions(object):
         self.verify_timeout = float(verify_timeout)
         self.vendor = vendor
         self.audit_path = audit_path or None
+        if mig_reset not in (None, '', 'refuse', 'recreate'):
+            raise InvalidArgument('mig_reset', mig_reset, 'expected refuse (the default) or recreate')
+        self.mig_reset = 'recreate' if mig_reset == 'recreate' else None  # MIG on: refuse, or recreate the instances
 
 
 def run_command(argv, timeout=600):
@@ -260,7 +263,7 @@ def _audit(item, options, warnings):
               'gpu': {'index': dev.index, 'uuid': dev.uuid, 'pci_bus_id': dev.pci_bus_id, 'vendor': dev.vendor, 'name': dev.name},
               'selected_because': item.reasons, 'status': item.status, 'verified': item.verified, 'error': item.error,
               'method': item.method, 'command': item.command, 'killed': item.killed, 'persistence_mode': item.persistence,
-              'drain': item.drain, 'before': item.before, 'after': item.after}
+              'drain': item.drain, 'before': item.before, 'after': item.after, 'mig': item.mig}
     try:
         audit_log.append(options.audit_path, record)
     except audit_log.AuditLogError as exc:

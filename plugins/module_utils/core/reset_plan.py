@@ -114,6 +114,8 @@ class GpuReset(object):
         self.notes = []
         self.kernel_modules = []
         self.reboot_reason = None
+        self.mig_reset = None     # ResetOptions.mig_reset: 'recreate' lets a board in MIG mode be reset
+        self.mig = None           # MIG on: {mode, destroys, layout, recreated, error} (backends/nvidia_mig.py)
 
     @property
     def label(self):
@@ -152,6 +154,7 @@ class GpuReset(object):
             'reset_at': self.reset_at,
             'error': self.error, 'kernel_modules': [r.to_dict() for r in self.kernel_modules],
             'reboot_recommended': self.reboot_reason is not None, 'reboot_reason': self.reboot_reason,
+            'mig': self.mig,
         }
 
 
@@ -168,7 +171,7 @@ def needs_reset(dev, threshold):
 
 def choose(snapshot, options):
     """The GpuReset items for the GPUs ``options`` selects (raises InvalidArgument for an unknown GPU)."""
-    devices = resolve_gpus(snapshot.all_devices, options.gpus)
+    devices = resolve_gpus(snapshot.all_devices, options.gpus)   # a MIG device names its board: a reset is per board
     items = []
     for dev in devices:
         if dev.orphaned_mib is None:
@@ -179,6 +182,8 @@ def choose(snapshot, options):
                 items.append(GpuReset(dev, reasons))
         else:
             items.append(GpuReset(dev, ['requested (%s)' % ('all' if options.all_gpus else 'gpus')]))
+    for item in items:
+        item.mig_reset = getattr(options, 'mig_reset', None)
     return items
 
 

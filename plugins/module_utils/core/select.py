@@ -20,7 +20,7 @@ import time
 
 from .constants import ROGUE_LEVELS
 from .errors import InvalidArgument, MissingArgument
-from .snapshot import resolve_gpus
+from .snapshot import resolve_gpu_targets
 from .textmatch import MAX_MATCH_TEXT, bounded_search, compile_regex
 # the bounded-regex helpers and the duration formatter live in textmatch and units; importable from here too
 # (a test that shortens the match time bound sets textmatch.MATCH_TIMEOUT_S: the copy here is not read)
@@ -97,13 +97,20 @@ class Selector(object):
         self.rogue_detector = rogue_detector
 
     def gpu_indexes(self, snapshot):
-        """Host-wide indexes of the GPUs named in ``gpus`` (None when not given).
+        """Host-wide indexes of the GPUs named in ``gpus`` (None when not given); a MIG device names its board.
 
         Raises InvalidArgument naming the first value that matches no GPU of ``snapshot``.
         """
+        targets = self.gpu_targets(snapshot)
+        return None if targets is None else set(targets)
+
+    def gpu_targets(self, snapshot):
+        """{host-wide index: None (the whole GPU) or the units (``GPU:GI``) of the MIG devices named on it}, None when ``gpus``
+        is not given.  Raises InvalidArgument naming the first value that matches no GPU of ``snapshot``."""
         if not self.gpus:
             return None
-        return set(dev.index for dev in resolve_gpus(snapshot.all_devices, self.gpus))
+        return dict((dev.index, None if migs is None else set(m.unit for m in migs))
+                    for dev, migs in resolve_gpu_targets(snapshot.all_devices, self.gpus))
 
     def select(self, snapshot, idle_since=None, now=None):
         """The Matches in ``snapshot`` (GpuProcess entries, or Holders when orphans=true).
@@ -111,7 +118,7 @@ class Selector(object):
         ``idle_since`` maps a pid to the time since which it has been idle (see idle.py), or is None.
         """
         now = time.time() if now is None else now
-        gpu_indexes = self.gpu_indexes(snapshot)
+        gpu_indexes = self.gpu_targets(snapshot)
         rogue_findings = {}
         if self.rogue:
             rogue_findings = self.rogue_detector(snapshot, self.rogue_min_level)
@@ -136,11 +143,11 @@ class Selector(object):
                 return None
             reasons.append('pid %d requested' % proc.pid)
         if gpu_indexes is not None:
-            on = set(proc.gpu_indexes or ())
-            if not on & gpu_indexes:
+            on = _on_targets(proc, gpu_indexes)
+            if not on:
                 return None
             if self.all_on_gpus:
-                reasons.append('on GPU %s (all_on_gpus)' % ','.join(str(i) for i in sorted(on & gpu_indexes)))
+                reasons.append('on GPU %s (all_on_gpus)' % ','.join(str(i) for i in sorted(on)))
         if self.users is not None:
             if proc.user not in self.users:
                 return None
@@ -176,6 +183,24 @@ class Selector(object):
                 return None
             reasons.append('rogue: %s (score %s)' % (finding.get('level'), finding.get('score')))
         return reasons
+
+
+def _on_targets(proc, targets):
+    """Where ``proc`` is among ``targets`` (see Selector.gpu_targets): GPU indexes, or the MIG units of the named MIG
+    devices it runs on.  A process on a board whose MIG devices were named counts only when the driver lists it on
+    one of them (a holder has no MIG device: it never matches a MIG device)."""
+    on = []
+    mig_by_gpu = getattr(proc, 'mig_by_gpu', None) or {}
+    for index in proc.gpu_indexes or ():
+        if index not in targets:
+            continue
+        if targets[index] is None:
+            on.append(index)
+            continue
+        mig = mig_by_gpu.get(index)
+        if mig is not None and mig.unit in targets[index]:
+            on.append(mig.unit)
+    return on
 
 
 _human = human_duration  # the name rogue imports

@@ -13,6 +13,7 @@ library's own index.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import OrderedDict
 
@@ -77,6 +78,16 @@ class Snapshot(object):
         }
 
 
+def _mig_of(dev, dproc):
+    """The MigDevice the driver lists ``dproc`` on (by its UUID, else its instance ids), or None."""
+    ref = dproc.mig
+    if ref is None:
+        return None
+    if ref.get('uuid'):
+        return dev.mig_device(uuid=ref['uuid'])
+    return dev.mig_device(gpu_instance_id=ref['gpu_instance_id'], compute_instance_id=ref['compute_instance_id'])
+
+
 def _key_text(key):
     return str(key).strip()
 
@@ -88,28 +99,71 @@ def _matches(dev, key):
     return dev.uuid is not None and dev.uuid.lower() == text.lower()
 
 
-def resolve_gpus(devices, gpus):
-    """Select ``devices`` by host-wide indexes or UUIDs (strings or ints).
+# A MIG device named by its board's host-wide index and its GPU instance id (and compute instance id): 0:1, 0:1:0
+_MIG_FORM = re.compile(r'^([0-9]+):([0-9]+)(?::([0-9]+))?$')
+
+
+def _mig_matches(dev, text):
+    """The MigDevices of board ``dev`` that ``text`` names (a ``MIG-`` UUID or ``GPU:GI[:CI]``), or None when it
+    names no MIG device (an index or a board UUID), or [] when it names one this board lacks."""
+    form = _MIG_FORM.match(text)
+    if form:
+        if dev.index != int(form.group(1)):
+            return []
+        gi, ci = int(form.group(2)), form.group(3)
+        return [m for m in getattr(dev, 'mig_devices', None) or ()
+                if m.gpu_instance_id == gi and (ci is None or m.compute_instance_id == int(ci))]
+    if text.lower().startswith('mig-'):
+        return [m for m in getattr(dev, 'mig_devices', None) or () if m.uuid is not None and m.uuid.lower() == text.lower()]
+    return None
+
+
+def resolve_gpu_targets(devices, gpus):
+    """[(Device, MigDevices or None)] named by ``gpus``: host-wide indexes, board UUIDs (the whole board: None),
+    MIG device UUIDs (``MIG-...``) and ``GPU:GI`` / ``GPU:GI:CI`` forms (only those MIG devices of the board).
 
     ``None`` selects every device.  Raises InvalidArgument naming the first value that matches no GPU.
     """
     if gpus is None:
-        return list(devices)
-    wanted = []
+        return [(dev, None) for dev in devices]
+    wanted = OrderedDict()
     for key in gpus:
         if isinstance(key, int) and not isinstance(key, bool) and key.bit_length() > 64:
             raise InvalidArgument('gpus', 'an integer of %d bits' % key.bit_length(), 'no GPU has such an index')
         text = _key_text(key)
         if not text:
             raise InvalidArgument('gpus', key, 'an empty value is neither a GPU index nor a UUID')
-        found = [dev for dev in devices if _matches(dev, text)]
+        found = False
+        for dev in devices:
+            migs = _mig_matches(dev, text)
+            if migs is None and _matches(dev, text):
+                wanted[dev.index] = (dev, None)
+                found = True
+            elif migs:
+                found = True
+                dev_, have = wanted.get(dev.index, (dev, []))
+                if have is not None:
+                    wanted[dev.index] = (dev_, have + [m for m in migs if m not in have])
         if not found:
-            known = ', '.join('%s (%s)' % (dev.index, dev.uuid or 'no UUID') for dev in devices) or 'none'
-            raise InvalidArgument('gpus', key, 'no GPU on this host has this index or UUID; GPUs here: %s' % known)
-        for dev in found:
-            if dev not in wanted:
-                wanted.append(dev)
-    return sorted(wanted, key=lambda d: d.index)
+            raise InvalidArgument('gpus', key, _unknown_gpu(devices, text))
+    return [wanted[index] for index in sorted(wanted)]
+
+
+def _unknown_gpu(devices, text):
+    known = ', '.join('%s (%s)' % (dev.index, dev.uuid or 'no UUID') for dev in devices) or 'none'
+    migs = ', '.join('%s (%s)' % (m.unit, m.uuid or 'no UUID') for dev in devices for m in getattr(dev, 'mig_devices', None) or ())
+    if _MIG_FORM.match(text) or text.lower().startswith('mig-'):
+        return 'no MIG device on this host has this GPU:GPU-instance id or MIG UUID; MIG devices here: %s' % (migs or 'none')
+    return 'no GPU on this host has this index or UUID; GPUs here: %s%s' % (known, '; MIG devices: %s' % migs if migs else '')
+
+
+def resolve_gpus(devices, gpus):
+    """Select ``devices`` by host-wide indexes or UUIDs (strings or ints); a MIG device (``MIG-`` UUID,
+    ``GPU:GI``) selects its board (resolve_gpu_targets tells which instances).
+
+    ``None`` selects every device.  Raises InvalidArgument naming the first value that matches no GPU.
+    """
+    return [dev for dev, _migs in resolve_gpu_targets(devices, gpus)]
 
 
 def device_gpus(paths, devices, dev_roots):
@@ -184,6 +238,8 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
     errors.extend(unreadable)
     for index, dev in enumerate(all_devices):
         dev.index = index
+        for mig in dev.mig_devices or ():
+            mig.parent_index = index
         xid.apply_health(dev, taken_at, xid_since(dev) if callable(xid_since) else xid_since)
 
     selected = resolve_gpus(all_devices, gpus)
@@ -207,7 +263,7 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
                 proc = by_pid.get(dproc.pid)
                 if proc is None:
                     proc = by_pid[dproc.pid] = GpuProcess(pid=dproc.pid)
-                proc.add_gpu(dev.index, dproc.used_mib, dproc.types, dproc.util_pct)
+                proc.add_gpu(dev.index, dproc.used_mib, dproc.types, dproc.util_pct, mig=_mig_of(dev, dproc))
                 if dproc.name:
                     driver_names.setdefault(dproc.pid, dproc.name)
         listed_anywhere = set(p.pid for dev in all_devices for p in dev.driver_processes)

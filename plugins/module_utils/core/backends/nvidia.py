@@ -29,6 +29,7 @@ import ctypes
 import os
 import time
 from .. import kmod, watchdog, xid as xid_mod
+from . import nvidia_mig
 from ..model import RECOVERY_ACTIONS, BackendStatus, Device, bytes_to_mib
 from .base import FAIL, NOT_EXPOSED, PASS, REBOOT_ACTIONS, WARN, Backend, error_text, last_line, recovery_action
 
@@ -231,6 +232,12 @@ class NvidiaBackend(Backend):
         except self.ResetRequired as exc:
             dev.health.degrade('the GPU requires a reset (%s)' % error_text(exc), action='reset', code='reset_required')
             return None
+        except self.NoPermission as exc:
+            if dev.mig_mode:
+                dev.health.note(nvidia_mig.AGGREGATE_NOTE)   # the board's aggregates are root's only in MIG mode
+            else:
+                dev.reading_failed(what, error_text(exc))
+            return None
         except self.NVMLError as exc:
             dev.reading_failed(what, error_text(exc))
             return None
@@ -244,6 +251,8 @@ class NvidiaBackend(Backend):
         if pci is not None:
             dev.pci_bus_id = _text(getattr(pci, 'busId', None))
         dev.minor = call(dev, 'the minor number', nvml.nvmlDeviceGetMinorNumber, handle)
+        mig = call(dev, 'the MIG mode', nvml.nvmlDeviceGetMigMode, handle) if hasattr(nvml, 'nvmlDeviceGetMigMode') else None
+        dev.mig_mode = None if not mig else mig[0] == getattr(nvml, 'NVML_DEVICE_MIG_ENABLE', 1)
 
         self._read_memory(dev, handle)
 
@@ -261,12 +270,11 @@ class NvidiaBackend(Backend):
         dev.fan_pct = int(fan) if fan is not None else None
         pers = call(dev, 'the persistence mode', nvml.nvmlDeviceGetPersistenceMode, handle)
         dev.persistence_mode = None if pers is None else pers == getattr(nvml, 'NVML_FEATURE_ENABLED', 1)
-        mig = call(dev, 'the MIG mode', nvml.nvmlDeviceGetMigMode, handle) if hasattr(nvml, 'nvmlDeviceGetMigMode') else None
-        dev.mig_mode = None if not mig else mig[0] == getattr(nvml, 'NVML_DEVICE_MIG_ENABLE', 1)
 
         self._read_health(dev, handle)
         self._read_processes(dev, handle)
         self._read_process_utilization(dev, handle)
+        nvidia_mig.read_mig_devices(self, dev, handle)
 
     def _read_memory(self, dev, handle):
         nvml = self.nvml
@@ -417,6 +425,13 @@ class NvidiaBackend(Backend):
         return getattr(nvml, base_name + '_v2')(handle)
 
     def _read_processes(self, dev, handle):
+        self.read_process_lists(dev, handle)
+
+    def read_process_lists(self, dev, handle, into=None, what=''):
+        """The compute, graphics and MPS lists of ``handle`` into ``into`` (the Device ``dev``, or one of its
+        MigDevices: ``what`` then names it in the errors, which go to ``dev``)."""
+        into = dev if into is None else into
+        suffix = ' %s' % what if what else ''
         for kind, base_name in _PROCESS_LISTS:
             try:
                 procs = self._list(kind, base_name, handle)
@@ -427,20 +442,26 @@ class NvidiaBackend(Backend):
             except self.FunctionNotFound:
                 if kind == 'mps':
                     continue  # old drivers have no MPS list at all
-                dev.processes_complete = False
-                dev.reading_failed('the %s process list' % kind, 'not provided by this driver')
+                into.processes_complete = False
+                dev.reading_failed('the %s process list%s' % (kind, suffix), 'not provided by this driver')
                 continue
             except self.NoPermission as exc:
-                dev.processes_complete = False
-                dev.reading_failed('the %s process list' % kind, '%s (run as root to see processes)' % error_text(exc))
+                into.processes_complete = False
+                if dev.mig_mode and into is dev:
+                    dev.health.note(nvidia_mig.AGGREGATE_NOTE)   # read from the MIG devices instead
+                else:
+                    dev.reading_failed('the %s process list%s' % (kind, suffix), '%s (run as root to see processes)' % error_text(exc))
                 continue
             except self.NVMLError as exc:
-                dev.processes_complete = False
-                dev.reading_failed('the %s process list' % kind, error_text(exc))
+                into.processes_complete = False
+                dev.reading_failed('the %s process list%s' % (kind, suffix), error_text(exc))
                 continue
             for proc in procs or []:
                 used = getattr(proc, 'usedGpuMemory', None)
-                dev.add_driver_process(int(proc.pid), bytes_to_mib(used), kind)
+                entry = into.add_driver_process(int(proc.pid), bytes_to_mib(used), kind)
+                ref = nvidia_mig.instance_ref(proc)
+                if ref is not None and entry.mig is None:
+                    entry.mig = ref
 
     def _read_process_utilization(self, dev, handle):
         """Fill ``util_pct`` of the listed processes from the driver's per-process samples."""
@@ -513,7 +534,7 @@ class NvidiaBackend(Backend):
         rc, text, argv = _nvidia_smi(host, item, '--gpu-reset')
         item.method, item.command, item.output = 'nvidia-smi', argv, text
         if rc == 0:
-            return None
+            return nvidia_mig.recreate_after_reset(item, cls(nvml=host.nvml))
         hint = ''
         low = text.lower()
         if 'in use by another client' in low or 'being used' in low:
@@ -697,13 +718,7 @@ def _nvidia_smi(host, item, *args):
 
 def _check_mig_and_fabric(item, host):
     dev = item.dev
-    if dev.mig_mode:
-        item.check('mig', FAIL, 'MIG mode is enabled: destroy the compute and GPU instances (nvidia-smi mig -dci -i {i}; '
-                                'nvidia-smi mig -dgi -i {i}), disable MIG (nvidia-smi -i {i} -mig 0), then reset'.format(i=dev.vendor_index))
-    elif dev.mig_mode is None:
-        item.check('mig', NOT_EXPOSED, 'the driver does not report the MIG mode of this GPU')
-    else:
-        item.check('mig', PASS, 'MIG mode is off')
+    nvidia_mig.check_mig(item)
     if dev.pci_bus_id:
         facts = reset_constraints(dev.pci_bus_id, nvml=host.nvml)
     else:

@@ -14,6 +14,7 @@ import copy
 from ..constants import ROGUE_LEVELS
 from ..identity import UNKNOWN_OWNER
 from ..idle import process_utilization
+from ..model import gpu_units, unit_gpu
 from ..units import human_duration
 from .context import Context
 from .idle_clocks import idle_rule
@@ -94,18 +95,18 @@ def _user_rules(run, user, procs):
     out = []
     action = lim.action
     # memory per GPU
-    if lim.max_mem_mib_per_gpu is not None:
+    if lim.max_mem_mib_per_gpu is not None:   # per GPU, or per MIG device on a board in MIG mode (gpu_units)
         cand = run.eligible(procs, 'max_mem_per_gpu')
-        for gpu in sorted(set(g for p in cand for g in _gpus_of(p))):
-            items = [(p, _mib(p, gpu)) for p in cand if gpu in _gpus_of(p)]
+        for gpu in sorted(set(g for p in cand for g in gpu_units(p))):
+            items = [(p, _mib(p, unit_gpu(gpu))) for p in cand if gpu in gpu_units(p)]
             total = sum(size for _p, size in items)
             if total > lim.max_mem_mib_per_gpu:
                 chosen = fewest_by_size(items, lim.max_mem_mib_per_gpu)
                 out.append(Violation('max_mem_per_gpu', 'user:%s' % user, total, lim.max_mem_mib_per_gpu, action,
                                      [p.pid for p in chosen], user=user, gpu=gpu, unit='MiB',
-                                     message='%s uses %s on GPU %d, more than the %s allowed per GPU' % (
+                                     message='%s uses %s on GPU %s, more than the %s allowed per GPU' % (
                                          user, _fmt_mib(total, lim.max_mem_mib_per_gpu), gpu, _fmt_mib(lim.max_mem_mib_per_gpu, total)),
-                                     procs=[_describe(p, gpu) for p in chosen]))
+                                     procs=[_describe(p, unit_gpu(gpu)) for p in chosen]))
     if lim.max_mem_mib_total is not None:
         cand = run.eligible(procs, 'max_mem_total')
         items = [(p, _mib(p)) for p in cand]
@@ -119,9 +120,9 @@ def _user_rules(run, user, procs):
                                  procs=[_describe(p) for p in chosen]))
     if lim.max_gpus is not None:
         cand = run.eligible(procs, 'max_gpus')
-        held = set(g for p in cand for g in _gpus_of(p))
+        held = set(g for p in cand for g in gpu_units(p))   # a MIG device counts as one GPU
         if len(held) > lim.max_gpus:
-            chosen = fewest_for_gpus(cand, _gpus_of, lim.max_gpus, _mib)
+            chosen = fewest_for_gpus(cand, gpu_units, lim.max_gpus, _mib)
             out.append(Violation('max_gpus', 'user:%s' % user, len(held), lim.max_gpus, action, [p.pid for p in chosen],
                                  user=user, unit='GPUs',
                                  message='%s uses %d GPUs (%s), more than the %d allowed' % (
@@ -137,15 +138,15 @@ def _user_rules(run, user, procs):
                                  procs=[_describe(p) for p in chosen]))
     if lim.max_procs_per_gpu is not None:
         cand = run.eligible(procs, 'max_procs_per_gpu')
-        for gpu in sorted(set(g for p in cand for g in _gpus_of(p))):
-            on = [(p, _mib(p, gpu)) for p in cand if gpu in _gpus_of(p)]
+        for gpu in sorted(set(g for p in cand for g in gpu_units(p))):
+            on = [(p, _mib(p, unit_gpu(gpu))) for p in cand if gpu in gpu_units(p)]
             if len(on) > lim.max_procs_per_gpu:
                 chosen = fewest_by_count(on, lim.max_procs_per_gpu)
                 out.append(Violation('max_procs_per_gpu', 'user:%s' % user, len(on), lim.max_procs_per_gpu, action,
                                      [p.pid for p in chosen], user=user, gpu=gpu, unit='processes',
-                                     message='%s runs %d processes on GPU %d, more than the %d allowed' % (
+                                     message='%s runs %d processes on GPU %s, more than the %d allowed' % (
                                          user, len(on), gpu, lim.max_procs_per_gpu),
-                                     procs=[_describe(p, gpu) for p in chosen]))
+                                     procs=[_describe(p, unit_gpu(gpu)) for p in chosen]))
     if lim.max_runtime_s is not None:
         for proc in run.eligible(procs, 'max_runtime'):
             if proc.create_time is None:
@@ -243,9 +244,9 @@ def _group_rules(run, by_user):
         limit = group.aggregate.get('group_max_gpus')
         if limit is not None:
             cand = run.eligible(procs, 'group_max_gpus')
-            held = set(g for p in cand for g in _gpus_of(p))
+            held = set(g for p in cand for g in gpu_units(p))
             if len(held) > limit:
-                chosen = fewest_for_gpus(cand, _gpus_of, limit, _mib)
+                chosen = fewest_for_gpus(cand, gpu_units, limit, _mib)
                 out.append(Violation('group_max_gpus', subject, len(held), limit, action, [p.pid for p in chosen], unit='GPUs',
                                      message='group %s uses %d GPUs, more than the %d allowed' % (group.name, len(held), limit),
                                      procs=[_describe(p) for p in chosen]))
@@ -267,20 +268,18 @@ def _gpu_rules(run, quota):
     out = []
     default_action = run.policy.defaults.get('action') or ACTION_TERMINATE
     for rule in run.policy.gpus:
-        devices = [dev for dev in run.snapshot.devices if rule.gpus.contains(dev)]
         action = rule.action or default_action
-        for dev in devices:
-            gpu = dev.index
-            on = [p for p in quota if gpu in _gpus_of(p)]
+        for gpu, board in _rule_units(rule, run.snapshot):
+            on = [p for p in quota if gpu in (_gpus_of(p) if gpu == board else gpu_units(p))]
             active = [w for w in rule.maintenance if w.contains(run.now)]
             if active:
                 cand = run.eligible(on, 'maintenance')
                 if cand:
                     label = active[0].label or active[0].describe()
-                    out.append(Violation('maintenance', 'gpu:%d' % gpu, len(cand), 0, action, [p.pid for p in cand], gpu=gpu,
-                                         unit='processes', message='GPU %d is in a maintenance window (%s)%s' % (
+                    out.append(Violation('maintenance', 'gpu:%s' % gpu, len(cand), 0, action, [p.pid for p in cand], gpu=gpu,
+                                         unit='processes', message='GPU %s is in a maintenance window (%s)%s' % (
                                              gpu, label, ': ' + rule.message if rule.message else ''),
-                                         procs=[_describe(p, gpu) for p in cand]))
+                                         procs=[_describe(p, board) for p in cand]))
             for rid, principals, reserved in (('gpu_reserved', rule.reserved_for, True),
                                               ('gpu_blocked_user', rule.blocked_users, False)):
                 if principals is None:
@@ -293,22 +292,35 @@ def _gpu_rules(run, quota):
                 for user in sorted(by_user):
                     cand = by_user[user]
                     why = ('reserved for %s' % ', '.join(principals.describe())) if reserved else 'blocked for %s' % user
-                    out.append(Violation(rid, 'gpu:%d' % gpu, len(cand), 0, action, [p.pid for p in cand], user=user, gpu=gpu,
-                                         unit='processes', message='GPU %d is %s; %s runs %d process(es) on it' % (
+                    out.append(Violation(rid, 'gpu:%s' % gpu, len(cand), 0, action, [p.pid for p in cand], user=user, gpu=gpu,
+                                         unit='processes', message='GPU %s is %s; %s runs %d process(es) on it' % (
                                              gpu, why, user, len(cand)),
-                                         procs=[_describe(p, gpu) for p in cand], key='%s|gpu:%d|user:%s' % (rid, gpu, user)))
+                                         procs=[_describe(p, board) for p in cand], key='%s|gpu:%s|user:%s' % (rid, gpu, user)))
             if rule.max_mem_mib_total is not None:
-                listed = [p for p in run.snapshot.processes if gpu in _gpus_of(p)]
-                total = sum(_mib(p, gpu) for p in listed)
+                listed = [p for p in run.snapshot.processes if gpu in (_gpus_of(p) if gpu == board else gpu_units(p))]
+                total = sum(_mib(p, board) for p in listed)
                 if total > rule.max_mem_mib_total:
                     cand = run.eligible(on, 'gpu_max_mem_total')
-                    protected = total - sum(_mib(p, gpu) for p in cand)
-                    chosen = fewest_by_size([(p, _mib(p, gpu)) for p in cand], max(0.0, rule.max_mem_mib_total - protected))
-                    out.append(Violation('gpu_max_mem_total', 'gpu:%d' % gpu, total, rule.max_mem_mib_total, action,
+                    protected = total - sum(_mib(p, board) for p in cand)
+                    chosen = fewest_by_size([(p, _mib(p, board)) for p in cand], max(0.0, rule.max_mem_mib_total - protected))
+                    out.append(Violation('gpu_max_mem_total', 'gpu:%s' % gpu, total, rule.max_mem_mib_total, action,
                                          [p.pid for p in chosen], gpu=gpu, unit='MiB',
-                                         message='GPU %d holds %s of process memory, more than the %s allowed on it' % (
+                                         message='GPU %s holds %s of process memory, more than the %s allowed on it' % (
                                              gpu, _fmt_mib(total, rule.max_mem_mib_total), _fmt_mib(rule.max_mem_mib_total, total)),
-                                         procs=[_describe(p, gpu) for p in chosen]))
+                                         procs=[_describe(p, board) for p in chosen]))
+    return out
+
+
+def _rule_units(rule, snapshot):
+    """[(unit, GPU index)] a per-GPU rule covers: each GPU it names (all its processes, MIG devices included), and
+    each MIG device it names by its ``MIG-`` UUID (the processes the driver lists on that MIG device)."""
+    out = []
+    for dev in snapshot.devices:
+        if rule.gpus.contains(dev):
+            out.append((dev.index, dev.index))
+        for mig in dev.mig_devices or ():
+            if mig.uuid is not None and mig.uuid.lower() in rule.gpus.uuids:
+                out.append((mig.unit, dev.index))
     return out
 
 

@@ -25,9 +25,10 @@ pytestmark = pytest.mark.skipif(h.sim_build() is None,
 
 FACT_DEVICE_KEYS = {'index', 'vendor', 'vendor_index', 'uuid', 'name', 'pci_bus_id', 'memory_total_mib', 'memory_used_mib',
                     'memory_free_mib', 'utilization_pct', 'temperature_c', 'power_w', 'power_limit_w', 'orphaned_mib',
-                    'health', 'processes', 'xid_events', 'recovery_action', 'health_reasons'}  # the last three: issue #17
+                    'health', 'processes', 'xid_events', 'recovery_action', 'health_reasons',  # these three: issue #17
+                    'mig_mode', 'mig_devices'}  # issue #19
 FACT_PROCESS_KEYS = {'pid', 'gpu_indexes', 'used_mib', 'user', 'uid', 'name', 'cmdline', 'create_time', 'status',
-                     'container', 'slurm_job'}
+                     'container', 'slurm_job', 'mig'}  # mig: issue #19
 
 
 @pytest.fixture
