@@ -55,14 +55,14 @@ _value:
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import HistoryError
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.history import accounting_csv
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.accounting import accounting_csv
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 
 
 def _accounting_csv(reports):
     try:
         return accounting_csv(reports)
-    except HistoryError as exc:
+    except InvalidArgument as exc:
         raise AnsibleFilterError(str(exc))
 
 

@@ -30,7 +30,6 @@ from .constants import HISTORY_PATH as DEFAULT_PATH
 from .errors import HistoryError
 from .idle import REPORT_MEM_MIN_MIB, IdleRule, gpu_utilization
 from .slurm import SlurmError, valid_job_id
-from .text import csv_row
 
 # 2: the covering index samples_idle (the idleness rule's reads) replaces samples_proc; 3: samples.slurm_job
 SCHEMA_VERSION = 3
@@ -431,45 +430,6 @@ def _top(rows, key, top, extra):
     """The ``top`` rows of ``{key value: _Hours}`` by GPU-hours (ties by key), as dicts."""
     ordered = sorted(rows.items(), key=lambda item: (-item[1].held, str(item[0])))[:int(top)]
     return [dict({key: name}, **dict(hours.hours(), **extra(hours))) for name, hours in ordered]
-
-
-ACCOUNTING_CSV_COLUMNS = ('host', 'section', 'user', 'job', 'gpu_index', 'gpu_uuid', 'gpu_hours', 'busy_gpu_hours', 'idle_gpu_hours',
-                          'first_seen', 'last_seen', 'message')
-
-
-def accounting_csv(reports):
-    """The accounting of ``reports`` as CSV text (RFC 4180, CRLF, a header row, every cell text.csv_cell).
-
-    ``reports``: one ``report()`` (the host column is then empty), or ``{host: report}``.  One row per user
-    (``section`` ``user``), job, GPU, then ``unattributed`` and ``total`` per host; a host without a readable history is
-    one ``unavailable`` row with the reason in ``message``.  Raises HistoryError for anything else."""
-    if isinstance(reports, dict) and ('accounting' in reports or 'available' in reports):
-        reports = {None: reports}
-    if not isinstance(reports, dict):
-        raise HistoryError('accounting_csv: expected a gpu_audit report or a mapping of host names to reports, got %s'
-                           % type(reports).__name__)
-    lines = [','.join(ACCOUNTING_CSV_COLUMNS)]
-    for host in sorted(reports, key=lambda name: '' if name is None else str(name)):
-        report = reports[host]
-        acc = report.get('accounting') if isinstance(report, dict) else None
-        if not isinstance(acc, dict):
-            why = report.get('error') if isinstance(report, dict) else None
-            lines.append(csv_row((host, 'unavailable') + (None,) * 9 + (why or 'no accounting in this report',)))
-            continue
-        for section, key, rows in (('user', 'users', acc.get('users')), ('job', 'jobs', acc.get('jobs')), ('gpu', 'gpus', acc.get('gpus')),
-                                   ('unattributed', None, [acc.get('unattributed')]), ('total', None, [acc.get('totals')])):
-            for row in rows or ():
-                row = row if isinstance(row, dict) else {}
-                users = row.get('users') if key == 'jobs' else None
-                lines.append(csv_row((
-                    host, section, ' '.join(str(u) for u in users) if isinstance(users, list) else row.get('user'), row.get('job'),
-                    row.get('gpu_index'), row.get('gpu_uuid'), row.get('gpu_hours'), row.get('busy_gpu_hours'),
-                    row.get('idle_gpu_hours'), _iso(row.get('first_seen')), _iso(row.get('last_seen')), None)))
-    return '\r\n'.join(lines) + '\r\n'
-
-
-def _iso(stamp):
-    return time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(stamp)) if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) else None
 
 
 def _round(value):

@@ -33,5 +33,5 @@ def test_the_filter_writes_one_row_per_user_job_gpu_and_the_sums_per_host():
 
 
 def test_anything_but_reports_is_a_clear_error():
-    with pytest.raises(AnsibleFilterError, match='expected a gpu_audit report or a mapping of host names to reports, got list'):
+    with pytest.raises(AnsibleFilterError, match='expected a gpu_audit report or a mapping of host names to reports'):
         FilterModule().filters()['accounting_csv']([1, 2])

