@@ -27,7 +27,7 @@ def scenario_a_job_claimed_in_argv_and_env(node):
                        env=CLAIMS)
     node.write_policy('mode: dry-run\n')
     out = {'pid': alice}
-    for _ in range(2):
+    for _tick in range(2):
         rc, _summary, signalled, err = node.tick()
         out.setdefault('ticks', []).append({'rc': rc, 'signalled': signalled, 'err': err})
     history = os.path.join(node.guard_root, 'var', 'lib', 'gpufleet', 'history.db')
