@@ -28,7 +28,9 @@ description:
     Allowlist entries match by executable path plus SHA-256, by user plus a command line pattern, or by container image;
     never by a process name or a user alone. An allowlisted process is reported at level V(info) with RV(findings[].allowlisted).
   - With O(history=true) the module also reports GPU usage from the usage history that the guard records on the node
-    (GPU-hours, idle GPU-hours and peak memory per user, the top processes, per-GPU figures) over the last O(hours).
+    (GPU-hours, idle GPU-hours and peak memory per user, the top processes, per-GPU figures) over the last O(hours), and
+    GPU-hour accounting - busy and idle GPU-hours per user, per Slurm job and per GPU (C(accounting) of RV(report); the
+    P(gpufleet.reclaim.accounting_csv#filter) filter turns it into CSV on the controller).
   - The module never changes anything on the node except appending to O(log_path) and sending to syslog, which it does not
     do in check mode.
 author:
@@ -85,7 +87,7 @@ options:
     type: float
     default: 24
   top:
-    description: How many processes the C(top_processes) of RV(report) lists.
+    description: How many processes the C(top_processes) of RV(report) lists, and how many users, jobs and GPUs its C(accounting) lists.
     type: int
     default: 10
   idle_util_pct:
@@ -359,6 +361,13 @@ report:
       C(starttime), C(user), C(name), C(cmdline), C(gpu_indexes), C(gpu_hours), C(idle_gpu_hours), C(peak_mib), C(mean_util_pct),
       C(first_seen) and C(last_seen); C(gpus) has C(gpu_index), C(gpu_uuid), C(busy_hours), C(mean_util_pct), C(peak_used_mib) and
       C(memory_total_mib).
+    - C(accounting) (V(null) when C(available) is V(false)) splits each GPU's sample time equally among the holders on it (a
+      holder is one user's processes of one Slurm job, or of no job), so the sums agree - over C(users) == over C(gpus) ==
+      over C(jobs) plus C(unattributed). C(users) has C(user), C(gpu_hours), C(busy_gpu_hours), C(idle_gpu_hours), C(jobs) and
+      C(gpus); C(jobs) has C(job), the GPU-hours, C(users), C(gpu_indexes), C(first_seen) and C(last_seen); C(gpus) has
+      C(gpu_index), C(gpu_uuid), the GPU-hours, C(users) and C(jobs) - each the O(top) by GPU-hours. C(unattributed) has the
+      GPU-hours of processes no root-owned Slurm job cgroup vouches for; C(totals) the GPU-hours of everything and how many
+      users, jobs and GPUs there were. Schema in C(docs/audit-schema.md).
   returned: always
   type: dict
   sample:
@@ -369,6 +378,13 @@ report:
     users: [{user: alice, gpu_hours: 23.9, idle_gpu_hours: 4.5, peak_mib: 40960, gpus: 2, processes: 3}]
     top_processes: []
     gpus: []
+    accounting:
+      users: [{user: alice, gpu_hours: 20.0, busy_gpu_hours: 15.5, idle_gpu_hours: 4.5, jobs: 2, gpus: 2}]
+      jobs: [{job: '4242', gpu_hours: 16.0, busy_gpu_hours: 14.0, idle_gpu_hours: 2.0, users: [alice], gpu_indexes: [0, 1],
+              first_seen: 1767225600.0, last_seen: 1767254400.0}]
+      gpus: [{gpu_index: 0, gpu_uuid: GPU-0, gpu_hours: 10.0, busy_gpu_hours: 8.0, idle_gpu_hours: 2.0, users: 1, jobs: 1}]
+      unattributed: {gpu_hours: 4.0, busy_gpu_hours: 1.5, idle_gpu_hours: 2.5}
+      totals: {gpu_hours: 20.0, busy_gpu_hours: 15.5, idle_gpu_hours: 4.5, users: 1, jobs: 2, gpus: 2}
 logged:
   description: How many findings were appended to O(log_path) and sent to syslog.
   returned: always

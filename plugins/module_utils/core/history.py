@@ -29,8 +29,10 @@ from . import notify, safe_files
 from .constants import HISTORY_PATH as DEFAULT_PATH
 from .errors import HistoryError
 from .idle import REPORT_MEM_MIN_MIB, IdleRule, gpu_utilization
+from .slurm import SlurmError, valid_job_id
 
-SCHEMA_VERSION = 2   # 2: the covering index samples_idle (the idleness rule's reads) replaces samples_proc
+# 2: the covering index samples_idle (the idleness rule's reads) replaces samples_proc; 3: samples.slurm_job
+SCHEMA_VERSION = 3
 DEFAULT_RETENTION_DAYS = 30
 MAX_RETENTION_DAYS = 3660
 DEFAULT_INTERVAL_S = 60.0
@@ -44,7 +46,7 @@ SCHEMA = (
     'CREATE TABLE IF NOT EXISTS samples ('
     ' ts REAL NOT NULL, interval_s REAL NOT NULL, gpu_index INTEGER NOT NULL, gpu_uuid TEXT,'
     ' pid INTEGER NOT NULL, starttime INTEGER, user TEXT, name TEXT, cmdline TEXT,'
-    ' used_mib INTEGER, util_pct REAL)',
+    ' used_mib INTEGER, util_pct REAL, slurm_job TEXT)',
     'CREATE INDEX IF NOT EXISTS samples_ts ON samples (ts)',
     'CREATE INDEX IF NOT EXISTS samples_idle ON samples (pid, starttime, ts, util_pct, used_mib)',
     'DROP INDEX IF EXISTS samples_proc',
@@ -53,6 +55,8 @@ SCHEMA = (
     ' util_pct REAL, memory_used_mib INTEGER, memory_total_mib INTEGER, process_count INTEGER)',
     'CREATE INDEX IF NOT EXISTS gpu_samples_ts ON gpu_samples (ts)',
 )
+# columns added to a table of an earlier schema (ALTER TABLE ... ADD COLUMN), as (table, column, type)
+ADDED_COLUMNS = (('samples', 'slurm_job', 'TEXT'),)
 
 
 def _connect_rw(path):
@@ -94,6 +98,9 @@ def init_schema(conn):
     if row is None or not str(row[0]).isdigit() or int(row[0]) < SCHEMA_VERSION:
         for statement in SCHEMA:
             conn.execute(statement)
+        for table, column, kind in ADDED_COLUMNS:
+            if column not in _columns(conn, table):
+                conn.execute('ALTER TABLE %s ADD COLUMN %s %s' % (table, column, kind))
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if row is None or (str(row[0]).isdigit() and int(row[0]) < SCHEMA_VERSION):
         conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -101,6 +108,20 @@ def init_schema(conn):
         raise HistoryError('the usage history is corrupt: schema version %r' % (row[0],))
     elif int(row[0]) > SCHEMA_VERSION:
         raise HistoryError('the usage history has schema version %s; this release understands up to %d' % (row[0], SCHEMA_VERSION))
+
+
+def _columns(conn, table):
+    return set(row[1] for row in conn.execute('PRAGMA table_info(%s)' % table).fetchall())
+
+
+def job_of(proc):
+    """The Slurm job a sample of ``proc`` is charged to: the job its root-owned cgroup names (the inventory's
+    ``slurm_job``: processes.parse_cgroup through CgroupTrust), else None.  Never its argv or environment."""
+    job = getattr(proc, 'slurm_job', None)
+    try:
+        return valid_job_id(job) if job is not None else None
+    except SlurmError:
+        return None
 
 
 def record_samples(db, snapshot, now=None, interval_s=None, retention_days=None, max_gap_s=DEFAULT_MAX_GAP_S,
@@ -136,9 +157,9 @@ def record_samples(db, snapshot, now=None, interval_s=None, retention_days=None,
                 for index in proc.gpu_indexes:
                     dev = by_index.get(index)
                     rows.append((now, interval_s, index, dev.uuid if dev else None, proc.pid, proc.starttime, proc.user,
-                                 proc.name, cmdline, proc.used_mib_by_gpu.get(index), gpu_utilization(proc, dev)))
+                                 proc.name, cmdline, proc.used_mib_by_gpu.get(index), gpu_utilization(proc, dev), job_of(proc)))
             conn.executemany('INSERT INTO samples (ts, interval_s, gpu_index, gpu_uuid, pid, starttime, user, name, cmdline,'
-                             ' used_mib, util_pct) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', rows)
+                             ' used_mib, util_pct, slurm_job) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', rows)
             gpu_rows = [(now, interval_s, dev.index, dev.uuid, dev.utilization_pct, dev.memory_used_mib, dev.memory_total_mib,
                          len(dev.driver_processes)) for dev in snapshot.devices]
             conn.executemany('INSERT INTO gpu_samples (ts, interval_s, gpu_index, gpu_uuid, util_pct, memory_used_mib,'
@@ -239,6 +260,11 @@ class HistoryReader(object):
             self.close()
             raise HistoryError('the usage history %s has schema version %d; this release understands up to %d' % (
                 path, version, SCHEMA_VERSION))
+        try:
+            self.has_jobs = 'slurm_job' in _columns(self.conn, 'samples')   # schema 3; an older file not yet upgraded: none
+        except sqlite3.Error as exc:
+            self.close()
+            raise HistoryError('cannot read the usage history %s: %s' % (path, exc))
 
     def close(self):
         if self.conn is not None:
@@ -304,6 +330,7 @@ class HistoryReader(object):
                     'pid': pid, 'starttime': starttime, 'user': row[0], 'name': row[1], 'cmdline': row[2], 'gpu_indexes': gpus,
                     'gpu_hours': _round(gpu_hours), 'idle_gpu_hours': _round(idle_hours), 'peak_mib': peak,
                     'mean_util_pct': None if mean_util is None else round(mean_util, 1), 'first_seen': first, 'last_seen': last})
+            accounting = self._accounting(since, now, idle, idle_params, top)
             gpus = conn.execute(
                 'SELECT gpu_index, MAX(gpu_uuid), SUM(CASE WHEN process_count > 0 THEN interval_s ELSE 0 END) / 3600.0,'
                 ' AVG(util_pct), MAX(memory_used_mib), MAX(memory_total_mib) FROM gpu_samples WHERE ts > ? AND ts <= ?'
@@ -336,8 +363,73 @@ class HistoryReader(object):
             'gpus': [{'gpu_index': index, 'gpu_uuid': uuid, 'busy_hours': _round(busy),
                       'mean_util_pct': None if util is None else round(util, 1), 'peak_used_mib': peak, 'memory_total_mib': total}
                      for index, uuid, busy, util, peak, total in gpus],
+            'accounting': accounting,
             'warnings': warnings,
         }
+
+    def _accounting(self, since, now, idle, idle_params, top):
+        """GPU-hours per user, per Slurm job and per GPU, busy and idle, that add up (docs/audit-schema.md).
+
+        A holder is one user's processes of one job (or of no job) on one GPU at one sample time; the sample's interval
+        on that GPU is split equally among its holders, so no GPU-hour is counted twice and every total is the same sum:
+        over users == over GPUs == over jobs + unattributed.  A holder's share is idle by the reports' idleness rule
+        (``idle``: IdleRule.sql), else busy (unknown utilization counts as busy).  Lists: the ``top`` by GPU-hours."""
+        job = 'slurm_job' if self.has_jobs else 'NULL'
+        holders = (
+            'SELECT ts, gpu_index, MAX(gpu_uuid) AS uuid, user, %s AS job, MAX(interval_s) AS iv,'
+            ' SUM(COALESCE(used_mib, 0)) AS mib, MAX(util_pct) AS maxu, COUNT(util_pct) AS known, COUNT(*) AS n'
+            ' FROM samples WHERE ts > ? AND ts <= ? GROUP BY ts, gpu_index, user, job' % job)
+        rows = self.conn.execute(
+            'WITH h AS (%s), k AS (SELECT ts, gpu_index, COUNT(*) AS holders FROM h GROUP BY ts, gpu_index)'
+            ' SELECT h.gpu_index, MAX(uuid), user, job, SUM(iv / holders) / 3600.0,'
+            ' SUM(CASE WHEN %s THEN iv / holders ELSE 0 END) / 3600.0, MIN(h.ts), MAX(h.ts)'
+            ' FROM h JOIN k ON h.ts = k.ts AND h.gpu_index = k.gpu_index'
+            ' GROUP BY h.gpu_index, user, job' % (holders, idle), [since, now] + idle_params).fetchall()
+        users, jobs, gpus = {}, {}, {}
+        total, unattributed = _Hours(), _Hours()
+        for index, uuid, user, job_id, held, idle_hours, first, last in rows:
+            total.add(held, idle_hours, first, last, user, job_id, index)
+            users.setdefault(user, _Hours()).add(held, idle_hours, first, last, user, job_id, index)
+            gpus.setdefault(index, _Hours(uuid=uuid)).add(held, idle_hours, first, last, user, job_id, index)
+            (jobs.setdefault(job_id, _Hours()) if job_id is not None else unattributed).add(
+                held, idle_hours, first, last, user, job_id, index)
+        return {
+            'users': _top(users, 'user', top, lambda h: {'jobs': len(h.jobs), 'gpus': len(h.gpus)}),
+            'jobs': _top(jobs, 'job', top, lambda h: {'users': sorted(h.users, key=str), 'gpu_indexes': sorted(h.gpus),
+                                                      'first_seen': h.first, 'last_seen': h.last}),
+            'gpus': _top(gpus, 'gpu_index', top, lambda h: {'gpu_uuid': h.uuid, 'users': len(h.users), 'jobs': len(h.jobs)}),
+            'unattributed': unattributed.hours(),
+            'totals': dict(total.hours(), users=len(users), jobs=len(jobs), gpus=len(gpus)),
+        }
+
+
+class _Hours(object):
+    """GPU-hours (held and idle) of one row of the accounting, and who and what they cover."""
+
+    def __init__(self, uuid=None):
+        self.held = self.idle = 0.0
+        self.first = self.last = None
+        self.uuid = uuid
+        self.users, self.jobs, self.gpus = set(), set(), set()
+
+    def add(self, held, idle, first, last, user, job, gpu):
+        self.held += held or 0.0
+        self.idle += idle or 0.0
+        self.first = first if self.first is None else min(self.first, first)
+        self.last = last if self.last is None else max(self.last, last)
+        self.users.add(user)
+        if job is not None:
+            self.jobs.add(job)
+        self.gpus.add(gpu)
+
+    def hours(self):
+        return {'gpu_hours': _round(self.held), 'busy_gpu_hours': _round(self.held - self.idle), 'idle_gpu_hours': _round(self.idle)}
+
+
+def _top(rows, key, top, extra):
+    """The ``top`` rows of ``{key value: _Hours}`` by GPU-hours (ties by key), as dicts."""
+    ordered = sorted(rows.items(), key=lambda item: (-item[1].held, str(item[0])))[:int(top)]
+    return [dict({key: name}, **dict(hours.hours(), **extra(hours))) for name, hours in ordered]
 
 
 def _round(value):
@@ -350,7 +442,7 @@ def report(path=DEFAULT_PATH, hours=24.0, now=None, idle_util_pct=5.0, top=10):
         reader = HistoryReader(path)
     except HistoryError as exc:
         return {'available': False, 'path': path, 'hours': float(hours), 'error': str(exc), 'users': [], 'top_processes': [],
-                'gpus': [], 'warnings': [str(exc)]}
+                'gpus': [], 'accounting': None, 'warnings': [str(exc)]}
     try:
         return reader.report(hours=hours, now=now, idle_util_pct=idle_util_pct, top=top)
     finally:

@@ -63,3 +63,28 @@ def printable_lines(text):
     if text is None:
         return None
     return '\n'.join(printable(line) for line in str(text).split('\n'))
+
+
+# what a spreadsheet takes for the start of a formula (OWASP, CSV injection); tab and CR are escaped by printable
+CSV_FORMULA_STARTS = ('=', '+', '-', '@')
+
+
+def csv_cell(value):
+    """One CSV cell (RFC 4180): a number as it is, None as nothing, anything else as quoted ``printable`` text (no
+    line break or control character survives), with a leading apostrophe when it starts with ``=``, ``+``, ``-`` or
+    ``@`` so that a spreadsheet shows it as text instead of running it as a formula."""
+    if value is None:
+        return ''
+    if isinstance(value, bool):
+        return 'true' if value else 'false'
+    if isinstance(value, (int, float)):
+        return repr(value) if isinstance(value, float) else str(value)
+    text = printable(value)
+    if text[:1] in CSV_FORMULA_STARTS:
+        text = "'" + text
+    return '"%s"' % text.replace('"', '""')
+
+
+def csv_row(values):
+    """One CSV line (without its CRLF) of ``csv_cell`` cells."""
+    return ','.join(csv_cell(value) for value in values)

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shlex
+import sqlite3
 import sys
 
 import pytest
@@ -226,6 +227,14 @@ def test_a_tick_with_require_allocation_flags_a_process_on_a_gpu_its_job_was_not
             bad_gpu, bad, ','.join(str(g) for g in bad_gpus))) in found[0]['message'], found
         assert good_pid not in [p for v in summary['violations'] for p in v['pids']] and good_gpu not in bad_gpus
         assert fleet.entry('node01', bad_pid)['alive']   # dry-run: flagged, nothing signalled
+        # the tick's sample in the usage history charges each workload to its job (its root-owned cgroup), item 5
+        history = os.path.join(fleet.dir, 'nodes', 'node01', 'fs', 'var', 'lib', 'gpufleet', 'history.db')
+        conn = sqlite3.connect('file:%s?mode=ro' % history, uri=True)
+        try:
+            jobs = dict(conn.execute('SELECT DISTINCT pid, slurm_job FROM samples WHERE pid IN (?, ?)', (good_pid, bad_pid)))
+        finally:
+            conn.close()
+        assert jobs == {good_pid: good, bad_pid: bad}, jobs
         run(['scancel', good, bad], env=fleet.slurm_env)
     finally:
         fleet.down()

@@ -210,6 +210,11 @@ def test_history_report(node):
     assert users[user]['peak_mib'] == 3072
     assert [p['pid'] for p in report['top_processes']] == sorted([node['miner'], node['legit']])
     assert report['gpus'][0]['gpu_index'] == 0
+    # the accounting: the two processes of one user (no Slurm job) are one holder of GPU 0, all of it unattributed
+    acc = report['accounting']
+    assert [(u['user'], u['gpu_hours'], u['jobs']) for u in acc['users']] == [(user, round(11 / 60.0, 4), 0)]
+    assert acc['jobs'] == [] and acc['unattributed']['gpu_hours'] == acc['totals']['gpu_hours'] == round(11 / 60.0, 4)
+    assert missing['report']['accounting'] is None
 
 
 @pytest.mark.parametrize('args,field', [({'hours': 0}, 'hours'), ({'top': 0}, 'top'), ({'idle_util_pct': 101}, 'idle_util_pct')])

@@ -136,4 +136,4 @@ def test_a_schema_1_history_gets_the_covering_index_and_keeps_its_rows(tmp_path)
         assert idle_pids(IdleRule(5), one(1, 0), T0, store) == {1: T0 - 60}
         indexes = [r[0] for r in store.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'samples'")]
         assert sorted(indexes) == ['samples_idle', 'samples_ts']
-        assert store.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == '2'
+        assert store.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(history.SCHEMA_VERSION)
