@@ -28,7 +28,6 @@ import argparse
 import base64
 import glob
 import io
-import json
 import os
 import re
 import shutil

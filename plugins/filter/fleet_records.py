@@ -42,7 +42,7 @@ options:
     required: true
     choices: [rogue_cleanup, reclaim_idle, reset_unhealthy, remediate, audit, inventory_report]
   extra:
-    description: Fields added to every record, for example C({'mode': 'kill'}).
+    description: Fields added to every record, for example the run's mode.
     type: dict
     default: {}
   max_fail_percentage:

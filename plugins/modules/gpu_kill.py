@@ -386,7 +386,7 @@ findings:
       holders that the driver does not list included), with the same keys and evidence as
       RV(gpufleet.reclaim.gpu_audit#module:findings); RV(killed) holds those at or above O(rogue_min_level) that were
       signalled (in check mode, those that would be).
-    - So one call audits, kills and verifies the release (the C(rogue_cleanup) playbook does that): the findings, the
+    - So one call audits, kills and verifies the release (the C(rogue_cleanup) playbook does that). The findings, the
       kills and the release proof come from one snapshot, and there is no gap between an audit and the kill.
   returned: with O(rogue=true)
   type: list

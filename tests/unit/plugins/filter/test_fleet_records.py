@@ -38,8 +38,8 @@ def test_rogue_cleanup_records_one_per_node_that_ran_sorted_and_trimmed():
     node01, node02, node07 = records
     assert (node01['status'], node01['msg'], node01['killed'], node01['freed_mib']) == ('ok', 'would kill 0', [], 0)
     assert node02['status'] == 'ok' and node02['freed_mib'] == 4096 and node02['killed'] == [KILLED]
-    assert node02['findings'] == [dict((k, FINDING[k]) for k in ('pid', 'user', 'name', 'cmdline', 'gpu_indexes', 'used_mib',
-                                                                   'score', 'level'))]
+    kept = ('pid', 'user', 'name', 'cmdline', 'gpu_indexes', 'used_mib', 'score', 'level')
+    assert node02['findings'] == [dict((k, FINDING[k]) for k in kept)]
     assert node02['summary'] == {'critical': 1, 'total': 1, 'evaluated': 2} and node02['mode'] == 'kill'
     assert (node07['status'], node07['summary'], node07['findings']) == ('unreachable', {}, [])
     assert node07['msg'].startswith('ssh: connect')
