@@ -20,7 +20,7 @@ description:
     O(workflow) (C(docs/fleet-tuning.md), "One round trip per node"). Records are sorted by host.
   - For C(rogue_cleanup) and C(reclaim_idle) a node whose killed processes' GPU memory did not come back is V(failed)
     with a message naming the GPUs (what the playbooks' per-node check did before). For C(inventory_report) the
-    command lines in the facts are redacted (M(gpufleet.reclaim.redact_gpu_facts)) before the record exists.
+    command lines in the facts are redacted (P(gpufleet.reclaim.redact_gpu_facts#filter)) before the record exists.
 positional: _input, hostvars, register, workflow
 options:
   _input:
