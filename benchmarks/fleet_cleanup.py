@@ -165,9 +165,13 @@ def main():
     parser.add_argument('--report-nodes', default='', help='fleet sizes for inventory_report, e.g. 10,25')
     parser.add_argument('--settings', action='store_true', help='also time each tuned setting alone (on the largest report size)')
     parser.add_argument('--repeat', type=int, default=1)
-    parser.add_argument('--configs', default='default,tuned', help='Ansible configurations to time (default,tuned)')
+    parser.add_argument('--configs', default='default,tuned', help='ansible.cfg variants to time: default, tuned or both')
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args()
+    configs = [c for c in args.configs.split(',') if c]
+    for config in configs:
+        if config not in ('default', 'tuned'):
+            parser.error('--configs: invalid value %r: expected default, tuned or both, comma-separated' % config)
     collections = collections_path()
     work = tempfile.mkdtemp(prefix='gpufleet-bench-fleet-')
     bench = Bench(work, collections)
@@ -184,7 +188,7 @@ def main():
             for nodes in sizes:
                 inventory = sub_inventory(fleet_dir, nodes, os.path.join(work, 'inventory-%d.ini' % nodes))
                 for _round in range(args.repeat):
-                    for config in [c for c in ('default', 'tuned') if c in args.configs.split(',')]:
+                    for config in configs:
                         bench.timed('ping (floor)', nodes, config,
                                     ['ansible', 'gpu_nodes', '-i', inventory, '-m', 'ansible.builtin.ping'])
                         if str(nodes) in args.report_nodes.split(','):

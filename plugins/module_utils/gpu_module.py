@@ -71,11 +71,13 @@ def failure(name, exc, errors=()):
 
     ``errors`` pairs exception classes of the core that only some modules load (policy.PolicyError
     with :func:`invalid_policy`, rogue.RulesError with :func:`invalid_rules`) with the function that
-    gives their arguments; they are tried first.  Then: a hung driver names the call (``driver_hung``),
+    gives their arguments; they are tried first.  It may also be a function returning those pairs,
+    called only here, so that a module imports an optional part of the core (and its exception) only
+    when a call uses it (gpu_audit's policy).  Then: a hung driver names the call (``driver_hung``),
     a bad argument its ``field`` and ``value``, a missing library the package, any other core error
     (AuditLogError, HistoryError, ...) its message; anything else is a bug, reported with its traceback.
     """
-    for cls, details in errors:
+    for cls, details in (errors() if callable(errors) else errors):
         if isinstance(exc, cls):
             return details(exc)
     if isinstance(exc, watchdog.DriverHung):

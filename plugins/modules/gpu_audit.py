@@ -402,7 +402,7 @@ import json
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import guard, history, policy as policy_mod, rogue
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import rogue
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import ROGUE_LEVELS, STATE_PATH
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
@@ -442,8 +442,18 @@ def validate(params):
         raise InvalidArgument('idle_util_pct', params['idle_util_pct'], 'expected a percentage from 0 to 100')
 
 
+# The policy engine (core.guard, core.policy) and the usage history (core.history, sqlite3) are imported
+# only when O(policy) or O(history) asks for them: they were about a third of the module's import time
+# (docs/benchmarks.md, "Module payloads"), paid by every audit.
+def policy_package():
+    """core.policy, imported on first use."""
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy  # pylint: disable=import-outside-toplevel
+    return policy
+
+
 def load_policy(spec):
     """The Policy that O(policy) names: a file path, a mapping or a shorthand list.  Raises PolicyError."""
+    policy_mod = policy_package()
     if isinstance(spec, str):
         return policy_mod.load_policy(spec)
     if isinstance(spec, (dict, list)):
@@ -455,6 +465,7 @@ def load_policy(spec):
 
 def policy_dry_run(policy, params, snapshot, now=None):
     """(violations, policy summary, warnings) for the loaded O(policy); nothing is written or signalled."""
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import guard  # pylint: disable=import-outside-toplevel
     paths = guard.Paths(state=params['state_path'] or '', history=params['history_path'] or '')
     violations, notes, warnings = guard.dry_run(policy, snapshot, paths, now=now)
     summary = {'source': policy.source, 'format': policy.format, 'mode': policy.mode,
@@ -504,6 +515,7 @@ def run(params, check_mode=False, snapshot=None):
         warnings.extend(w for w in policy_warnings if w not in warnings)
     report = None
     if params['history']:
+        from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import history  # pylint: disable=import-outside-toplevel
         report = history.report(params['history_path'], hours=params['hours'], idle_util_pct=params['idle_util_pct'],
                                 top=params['top'])
         warnings.extend(report.get('warnings') or [])
@@ -532,7 +544,7 @@ def run(params, check_mode=False, snapshot=None):
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
     result, warnings = run_module(module, 'gpu_audit', lambda m: run(m.params, check_mode=m.check_mode),
-                                  errors=((policy_mod.PolicyError, invalid_policy), (rogue.RulesError, invalid_rules)))
+                                  errors=lambda: ((policy_package().PolicyError, invalid_policy), (rogue.RulesError, invalid_rules)))
     finish(module, dict(result, warnings=warnings))
 
 

@@ -122,7 +122,8 @@ options:
     description:
       - Select processes that the rogue (crypto-miner) detector classifies at or above O(rogue_min_level).
       - This is the detector of gpufleet.reclaim.gpu_audit, with its built-in rules plus O(rules_file) and O(rules) (the
-        same site rules and allowlist that gpu_audit was given); run gpu_audit first to see the findings and their evidence.
+        same site rules and allowlist that gpu_audit was given). The findings of that very detection, every level with their
+        evidence, come back in RV(findings) (in check mode too), so gpu_audit need not run first.
         V(critical) needs a hard indicator such as a stratum URL, miner options, a wallet address or a pool connection.
       - Utilization and memory samples are read from the usage history O(history_path) when it exists, and O(require_allocation)
         decides whether GPU use outside any job or container counts, exactly as in gpufleet.reclaim.gpu_audit, so that both
@@ -388,6 +389,24 @@ unreleased:
       unreleased_mib: 4096
       cause: "no process holds the GPU device any more: the driver kept the memory (a leak, or a slow release);
         gpufleet.reclaim.gpu_reset clears it"
+findings:
+  description:
+    - With O(rogue=true), every finding of the rogue detector run that made the selection (every level, from V(info) up,
+      holders that the driver does not list included), with the same keys and evidence as
+      RV(gpufleet.reclaim.gpu_audit#module:findings); RV(killed) holds those at or above O(rogue_min_level) that were
+      signalled (in check mode, those that would be).
+    - So one call audits, kills and verifies the release (the C(rogue_cleanup) playbook does that). The findings, the
+      kills and the release proof come from one snapshot, and there is no gap between an audit and the kill.
+  returned: with O(rogue=true)
+  type: list
+  elements: dict
+rogue_summary:
+  description:
+    - With O(rogue=true), the number of RV(findings) per level, C(allowlisted), C(total) and C(evaluated) (the processes
+      examined), as RV(gpufleet.reclaim.gpu_audit#module:summary).
+  returned: with O(rogue=true)
+  type: dict
+  sample: {"critical": 1, "high": 0, "medium": 0, "info": 3, "allowlisted": 0, "total": 4, "evaluated": 7}
 unreleased_mib:
   description: Total MiB not released.
   returned: always
@@ -454,14 +473,16 @@ def rogue_config(params):
     return load_config(rules_file=params['rules_file'], rules=params['rules'])
 
 
-def build(params):
-    """Validate every option before anything is read or signalled; raises InvalidArgument naming the field."""
+def build(params, report=None):
+    """Validate every option before anything is read or signalled; raises InvalidArgument naming the field.
+
+    ``report``, a dict, receives the rogue detector's findings, summary and warnings of the run (rogue=true)."""
     config = rogue_config(params)
     selector = Selector(pids=params['pids'], gpus=params['gpus'], users=params['users'], exclude_users=params['exclude_users'],
                         name=params['name'], cmdline=params['cmdline'], min_used_mib=params['min_used_mib'],
                         idle_for=params['idle_for'], idle_util_pct=params['idle_util_pct'], older_than=params['older_than'],
                         orphans=params['orphans'], rogue=params['rogue'], rogue_min_level=params['rogue_min_level'],
-                        all_on_gpus=params['all_on_gpus'], rogue_detector=selector_detector(config=config, **detector_options(params)))
+                        all_on_gpus=params['all_on_gpus'], rogue_detector=selector_detector(config=config, report=report, **detector_options(params)))
     options = ReclaimOptions(signal=params['signal'], timeout=params['timeout'], force=params['force'], tree=params['tree'],
                              release_timeout=params['release_timeout'], protect_names=params['protect_names'],
                              protect_users=params['protect_users'], vendor=params['vendor'],
@@ -494,9 +515,16 @@ def module_result(result):
 
 
 def work(module):
-    selector, options = build(module.params)
+    report = {}
+    selector, options = build(module.params, report=report)
     # reclaim() selects (resolving gpus, failing on an unknown one) before anything is signalled.
-    return module_result(reclaim(selector, options, check_mode=module.check_mode))
+    result = module_result(reclaim(selector, options, check_mode=module.check_mode))
+    if module.params['rogue']:
+        # the findings of the detection that selected the processes: one call audits, kills and proves the release
+        result['findings'] = report.get('findings', [])
+        result['rogue_summary'] = report.get('summary', {})
+        result['warnings'] = result['warnings'] + [w for w in report.get('warnings', []) if w not in result['warnings']]
+    return result
 
 
 def main():

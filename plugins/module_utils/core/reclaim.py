@@ -416,9 +416,10 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     if selector.idle_for is not None and not options.history_path:
         raise InvalidArgument('utilization_history', options.history_path, 'idle_for needs the usage history file')
     if snapshot is None:
-        # Holders (every process's open files) are only needed to find orphans.
+        # Holders (every process's open files) are needed to find orphans, and for rogue=true to see
+        # what gpu_audit sees (its findings include holders the driver does not list).
         snapshot = take_snapshot(vendor=options.vendor, gather_processes=True, dev_roots=dev_roots,
-                                 scan_holders=selector.orphans, driver_timeout=options.driver_timeout)
+                                 scan_holders=selector.orphans or selector.rogue, driver_timeout=options.driver_timeout)
     selector.gpu_indexes(snapshot)  # an unknown GPU fails here, before anything is recorded or signalled
     idle_since = _idle_since(selector, options, snapshot, now, warnings) if selector.idle_for is not None else None
     protection = killer.Protection(protect_names=options.protect_names, protect_users=options.protect_users)

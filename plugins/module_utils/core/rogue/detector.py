@@ -186,13 +186,18 @@ def detect_snapshot(snapshot, config=None, min_level='info', history_path=None, 
     return findings, list(config.warnings) + list(collector.warnings), len(facts_list)
 
 
-def selector_detector(config=None, history_path=None, allocation='auto'):
+def selector_detector(config=None, history_path=None, allocation='auto', report=None):
     """A ``rogue_detector`` for select.Selector: ``(snapshot, min_level) -> {pid: finding}``.
 
-    Only processes the driver lists are returned (the selector looks at those).
+    Only processes the driver lists are returned (the selector looks at those).  ``report``, a dict,
+    receives what this very run found, as gpu_audit reports it: ``findings`` (every level, holders
+    included), ``summary`` (:func:`summarize`) and ``warnings``; so one call can select, kill and
+    report the evidence of the same detection (gpu_kill rogue=true).
     """
     def detector(snapshot, min_level):
-        findings, _warnings, _count = detect_snapshot(snapshot, config=config, min_level=min_level,
-                                                      history_path=history_path, allocation=allocation)
-        return dict((f['pid'], f) for f in findings if f['listed'])
+        findings, warnings, count = detect_snapshot(snapshot, config=config, min_level='info' if report is not None else min_level,
+                                                    history_path=history_path, allocation=allocation)
+        if report is not None:
+            report.update(findings=findings, summary=summarize(findings, count), warnings=warnings)
+        return dict((f['pid'], f) for f in findings if f['listed'] and at_least(f['level'], min_level))
     return detector

@@ -13,7 +13,7 @@ the node's fault file:
   module is killing) has exited, SIGKILL that group (the module dies halfway, as it does when a
   dropped SSH session hangs up its terminal) and exit 255, which the controller's ssh connection
   reports as the node being unreachable.  The wait is bounded (60 s).
-* ``unreachable``: exit 255 at once, before the module runs (the node vanished between two tasks).
+* ``unreachable``: exit 255 at once, before the module runs (the node vanished before its task).
 
 Ground truth comes from ``gpusim show`` on the nodes.  Only processes this test started (through
 gpusim on the nodes) are signalled, by the modules; the wrapper signals only the process group of
@@ -201,8 +201,8 @@ def test_ssh_drop_during_gpu_kill(fleet):
 
 
 def test_node_lost_mid_playbook(fleet):
-    """node02 answers the audit, then is lost before its kill: it is reported unreachable, node03 is cleaned up,
-    and the rerun cleans up node02."""
+    """node02 is lost before its one call (rogue_cleanup audits and kills in one gpu_kill call per node, issue #21):
+    it is reported unreachable with nothing known and nothing killed, node03 is cleaned up, and the rerun cleans up node02."""
     miner02 = fleet.spawn('node02', 1, 4096, MINER_ARGV, '--util', '100')
     miner03 = fleet.spawn('node03', 0, 2048, MINER_ARGV, '--util', '100')
     worker02 = fleet.spawn('node02', 0, 8192, ['python', 'train.py', '--model', 'llama-7b'], '--util', '90')
@@ -211,7 +211,8 @@ def test_node_lost_mid_playbook(fleet):
     node02 = [n for n in summary['nodes'] if n['host'] == 'node02'][0]
     node03 = [n for n in summary['nodes'] if n['host'] == 'node03'][0]
     assert node02['status'] == 'unreachable' and node02['killed'] == [], node02
-    assert [f['pid'] for f in node02['findings'] if f['level'] == 'critical'] == [miner02], node02['findings']
+    # no audit ran apart from the kill, so an unreachable node has no findings (it had the audit's before #21)
+    assert node02['findings'] == [] and node02['summary'] == {} and summary['nodes_scanned'] == len(summary['nodes']) - 1, node02
     assert node03['status'] == 'ok' and [k['pid'] for k in node03['killed']] == [miner03], node03
     assert summary['nodes_failed'] == ['node02'], summary['nodes_failed']
     assert 'node02' in stdout

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Faults on a 3-node simulated fleet (issue #11): the SSH connection drops while gpu_kill runs (the
 # module is killed halfway on the node and the controller sees the node unreachable), and a node
-# becomes unreachable in the middle of rogue_cleanup, between its audit and its kill. In both, the
+# becomes unreachable in the middle of rogue_cleanup, before its one gpu_kill call. In both, the
 # rerun must finish the work, and nothing but the intended processes may be signalled.
 # The scenario lives in faults_test.py.
 set -eux

@@ -29,6 +29,9 @@ WALLET = '44AFFq5kSiGBoZ4NMDwYtN18obc8AemS33DBLWs3H7otXft3XjrpDtQGv7SqSsaBYBb98u
 XSS = '<script>alert("x")</script>'
 NODES = ['node01', 'node02', 'node03', 'node04', 'node05', 'node06']
 DOWN = 'node07'
+# Playbooks that make one module call per node and nothing else per node (issue #21): each node's recap counts
+# exactly one task (ok, or skipped for a halted reset), whatever happened to it.
+ONE_CALL = ('rogue_cleanup', 'reclaim_idle', 'reset_unhealthy', 'remediate', 'audit', 'inventory_report')
 
 # Bar colours of playbooks/templates/report.html.j2 (memory held by processes, orphaned memory).
 PROC_RGB = (0x25, 0x63, 0xeb)
@@ -110,9 +113,13 @@ class Fleet(object):
         print('### %s: rc=%d in %.1f s' % (name, proc.returncode, time.monotonic() - begun), flush=True)
         assert proc.returncode == expect_rc, '%s exited %d, expected %d' % (name, proc.returncode, expect_rc)
         recap = {}
-        for match in re.finditer(r'^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)', proc.stdout, re.M):
+        for match in re.finditer(r'^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)',
+                                 proc.stdout, re.M):
             recap[match.group(1)] = {'changed': int(match.group(3)), 'unreachable': int(match.group(4)),
-                                     'failed': int(match.group(5))}
+                                     'failed': int(match.group(5)), 'ok': int(match.group(2)), 'skipped': int(match.group(6))}
+        if name in ONE_CALL:
+            tasks = dict((host, counts['ok'] + counts['skipped']) for host, counts in recap.items() if host != 'localhost')
+            assert tasks and set(tasks.values()) == {1}, '%s must run one task per node: %s' % (name, tasks)
         data = None
         if os.path.exists(summary):
             with open(summary, encoding='utf-8') as handle:
@@ -298,6 +305,7 @@ def test_rogue_cleanup(fleet):
     stdout, recap, summary = fleet.playbook('rogue_cleanup', expect_rc=2)
     check_down_node_recorded(stdout, summary)
     assert summary['mode'] == 'report only' and summary['killed'] == 0 and summary['would_kill'] == 2 + 2, summary  # + 2 children
+    assert summary['nodes_scanned'] == len(NODES), summary  # every reachable node's one call returned its audit
     assert killed_pids(summary) == miners, killed_pids(summary)
     critical = sorted((n['host'], f['pid']) for n in summary['nodes'] for f in n['findings'] if f['level'] == 'critical')
     children = [('node02', pid) for pid in fleet.children('node02', fleet.pids['miner1'])]

@@ -199,3 +199,44 @@ def test_pids_and_users_that_lead_nowhere_are_warnings_not_a_silent_ok(node, mon
     assert reasons['nosuchuser-gpufleet'].startswith('no user nosuchuser-gpufleet exists on this node')
     assert set(warned) == set(reasons.values())
     assert '3 request(s) led nowhere' in result['msg']
+
+
+WALLET = '44AFFq5kSiGBoZ4NMDwYtN18obc8AemS33DBLWs3H7otXft3XjrpDtQGv7SqSsaBYBb98uNbr2VBBEt7f2wfn3RVGQBEP3A'
+
+
+@needs_sim
+def test_rogue_returns_the_findings_it_acted_on_as_gpu_audit_reports_them(node, tmp_path):
+    """One call audits, kills and proves the release (rogue_cleanup's one round trip): the findings come from the
+    detection that selected, every level, holders included, the same as gpu_audit's on the same node."""
+    from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_audit  # pylint: disable=import-outside-toplevel
+    miner = node.spawn(1, 4096, util=100, children=1,
+                       argv=['python', 'train.py', '--url', 'stratum+tcp://pool.example.net:3333', '--user', WALLET, '-p', 'x'])
+    legit = node.spawn(0, 2048, util=90, argv=['python', 'train.py', '--epochs', '3'])
+    detector = {'history_path': str(tmp_path / 'none.db'), 'require_allocation': 'never'}
+    audit = h.run_main(gpu_audit.main, dict(detector), check_mode=True)
+    checked = run_module(node, dict(detector, rogue=True, force=True), check_mode=True)
+    assert checked['changed'] is True and not checked.get('failed'), checked
+    strip = ('notes',)
+    assert ([dict((k, v) for k, v in f.items() if k not in strip) for f in checked['findings']]
+            == [dict((k, v) for k, v in f.items() if k not in strip) for f in audit['findings']])
+    critical = [f for f in checked['findings'] if f['level'] == 'critical']
+    child = [f['pid'] for f in critical if not f['listed']]
+    assert [f['pid'] for f in critical if f['listed']] == [miner] and len(child) == 1   # the child: a holder
+    assert legit not in [f['pid'] for f in critical]
+    assert checked['rogue_summary'] == dict(audit['summary'])
+    assert pids(checked['killed']) == sorted([miner] + child)   # the miner and (tree) its child, nothing else
+    assert node.alive(miner) and node.alive(legit) and not os.path.exists(node.audit)   # check mode signals nothing
+
+    real = run_module(node, dict(detector, rogue=True, force=True, timeout=1))
+    assert pids(real['killed']) == pids(checked['killed']) and real['freed_mib'] == {'1': 4096}, real
+    assert [f['pid'] for f in real['findings'] if f['level'] == 'critical' and f['listed']] == [miner]
+    assert not node.alive(miner) and node.alive(legit)
+    again = run_module(node, dict(detector, rogue=True, force=True))
+    assert again['changed'] is False and again['killed'] == [] and again['rogue_summary']['critical'] == 0
+
+
+@needs_sim
+def test_without_rogue_no_findings_are_returned(node):
+    node.spawn(0, 1024, argv=['trainer'])
+    result = run_module(node, {'name': '^nothing-matches$'})
+    assert 'findings' not in result and 'rogue_summary' not in result

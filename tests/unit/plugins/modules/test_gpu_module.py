@@ -7,6 +7,9 @@ exception into the fail_json arguments the modules have always returned."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import gpu_module
@@ -86,6 +89,17 @@ def test_failure_of_domain_errors_the_module_names():
     assert (failure['source'], failure['field'], failure['value']) == ('/etc/gpufleet/policy.yaml', 'defaults.max_gpus', '-1')
     # a module that does not name them gets the plain mapping of their base class
     assert gpu_module.failure('gpu_kill', policy) == {'msg': str(policy), 'field': 'defaults.max_gpus', 'value': '-1'}
+    # the pairs may come from a function, called only when the work failed (gpu_audit imports the policy lazily)
+    calls = []
+    assert gpu_module.failure('gpu_audit', policy, lambda: calls.append(1) or errors) == failure and calls == [1]
+
+
+def test_gpu_audit_imports_the_policy_engine_and_history_only_when_asked():
+    """A plain audit (the common call, once per node) does not pay for core.guard, core.policy or sqlite3."""
+    code = ('import sys; import ansible_collections.gpufleet.reclaim.plugins.modules.gpu_audit; '
+            'print(" ".join(m for m in sys.modules if m.endswith((".core.guard", ".core.policy", ".core.history")) or m == "sqlite3"))')
+    out = subprocess.run([sys.executable, '-c', code], check=True, stdout=subprocess.PIPE, universal_newlines=True).stdout
+    assert out.split() == [], out
 
 
 def raised(exc):
