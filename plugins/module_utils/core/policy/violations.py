@@ -159,5 +159,3 @@ def _fmt_mib(value, other=None):
         if text != '%.*f MiB' % (digits, other):
             return text
     return text
-
-
