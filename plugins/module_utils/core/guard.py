@@ -534,7 +534,8 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         try:
             snapshot = take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=dev_roots, inventory=inventory,
                                      driver_timeout=getattr(settings, 'driver_timeout', watchdog.DEFAULT_TICK_TIMEOUT),
-                                     xid_since=ladder_health_since(policy, paths, now))
+                                     xid_since=ladder_health_since(policy, paths, now),
+                                     xid_memo=state.setdefault('xid_journal', {}))
         except (watchdog.DriverHung, watchdog.DriverCrashed) as exc:
             return _driver_failed(paths, summary, exc, write, wall0, cpu0, state.get('counters') or {})
     warnings.extend(snapshot.errors)
