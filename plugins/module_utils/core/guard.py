@@ -13,7 +13,8 @@
 3. loads the state (``state.json``: when each violation was first seen, which
    warnings went out, counters); a missing or corrupt file is rebuilt with a logged warning,
    which restarts every escalation from its first warning: never a kill without warnings;
-4. takes one snapshot, appends it to the SQLite usage history, derives the idle clocks from the
+4. takes one snapshot, asks Slurm when the policy requires allocations (so the history charges a process
+   slurmstepd lists to its job), appends it to the SQLite usage history, derives the idle clocks from the
    history (idle.py: the one idleness rule; they are not kept in the state), evaluates the policy (and the rogue detector when the policy enables it);
 5. escalates: first warning when a violation is first seen, more warnings on schedule, the
    action once the grace has passed and every warning went out in an earlier tick;
@@ -287,13 +288,10 @@ def notify_users(decisions, policy, mode, host, settings, patterns):
 
 
 # ============================================================================ the tick
-def build_context(policy, snapshot, paths, settings, proc_root='/proc', exe_hashes=None):
-    """The evaluation Context of a live node: scheduler, allocations, rogue findings.  (warnings, context)
-
-    ``exe_hashes``: the exe_hash.ExeHashes that both the exemptions and the rogue allowlist hash
-    executables with (a tick's keeps its digests in the state); default: a new one."""
+def scheduler_view(policy, snapshot, paths, proc_root='/proc'):
+    """(warnings, scheduler, Context keywords): the allocations when the policy requires them - Slurm's own view on
+    its nodes (squeue --json and scontrol listpids, ``job_pids`` among them), else the allocations file."""
     warnings = []
-    exe_hashes = exe_hashes if exe_hashes is not None else ExeHashes(proc_root=proc_root)
     needs_allocation = policy.defaults.get('require_allocation') or any(
         u.get('require_allocation') for u in policy.users.values()) or any(
         g.limits.get('require_allocation') for g in policy.groups)
@@ -307,6 +305,18 @@ def build_context(policy, snapshot, paths, settings, proc_root='/proc', exe_hash
             allocations = policy_mod.slurm_allocations(snapshot=snapshot)
             if allocations.get('allocation_error'):
                 warnings.append('require_allocation: %s; the rule is not evaluated' % allocations['allocation_error'])
+    return warnings, scheduler, allocations
+
+
+def build_context(policy, snapshot, paths, settings, proc_root='/proc', exe_hashes=None, view=None):
+    """The evaluation Context of a live node: scheduler, allocations, rogue findings.  (warnings, context)
+
+    ``exe_hashes``: the exe_hash.ExeHashes that both the exemptions and the rogue allowlist hash
+    executables with (a tick's keeps its digests in the state); default: a new one.  ``view``: scheduler_view's
+    answer when the caller already has it (the tick asks Slurm once, before it records the usage history)."""
+    warnings, scheduler, allocations = scheduler_view(policy, snapshot, paths, proc_root) if view is None else view
+    warnings = list(warnings)
+    exe_hashes = exe_hashes if exe_hashes is not None else ExeHashes(proc_root=proc_root)
     findings = None
     if policy.rogue.enabled:
         try:
@@ -334,9 +344,10 @@ def violation_dict(violation, patterns):
     return item
 
 
-def history_samples(paths, snapshot, now, settings, patterns=None, write=True):
+def history_samples(paths, snapshot, now, settings, patterns=None, write=True, job_pids=None):
     """The usage history the idleness rule reads the idle clocks from: with ``write``, the snapshot
-    appended first, command lines redacted by ``patterns`` (the policy's; None: the defaults) - a
+    appended first, command lines redacted by ``patterns`` (the policy's; None: the defaults), each process's
+    row charged to its job (history.job_of: its root-owned cgroup, else ``job_pids`` from slurmstepd) - a
     history.SampleStore; without, read only - a HistoryReader, or None when there is none.
     Returns (store or None, warning or None); never raises.  The caller closes the store."""
     if not paths.history:
@@ -350,7 +361,7 @@ def history_samples(paths, snapshot, now, settings, patterns=None, write=True):
         if not write:
             return (history.HistoryReader(paths.history) if os.path.isfile(paths.history) else None), None
         store = history.SampleStore(paths.history)
-        store.record(snapshot, now, patterns=patterns,
+        store.record(snapshot, now, patterns=patterns, job_pids=job_pids,
                      retention_days=settings.history_retention_days or history.DEFAULT_RETENTION_DAYS)
     except Exception as exc:  # pylint: disable=broad-except
         # an open store still gives the idle clocks its earlier samples
@@ -523,11 +534,16 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         try:
             snapshot = take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=dev_roots, inventory=inventory,
                                      driver_timeout=getattr(settings, 'driver_timeout', watchdog.DEFAULT_TICK_TIMEOUT),
-                                     xid_since=ladder_health_since(policy, paths, now))
+                                     xid_since=ladder_health_since(policy, paths, now),
+                                     xid_memo=state.setdefault('xid_journal', {}))
         except (watchdog.DriverHung, watchdog.DriverCrashed) as exc:
             return _driver_failed(paths, summary, exc, write, wall0, cpu0, state.get('counters') or {})
     warnings.extend(snapshot.errors)
-    samples, problem = history_samples(paths, snapshot, now, settings, policy.notify.redact_patterns, write)
+    # Slurm's view first: the history charges a sample to the job slurmstepd lists its process under when no
+    # root-owned cgroup names one (proctrack/linuxproc)
+    view = scheduler_view(policy, snapshot, paths) if context is None else None
+    job_pids = view[2].get('job_pids') if view is not None else context.job_pids
+    samples, problem = history_samples(paths, snapshot, now, settings, policy.notify.redact_patterns, write, job_pids=job_pids)
     if problem:
         warnings.append(problem)
     try:
@@ -535,7 +551,7 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         if context is None:
             # executables' digests are kept across ticks (exe_hash): most ticks read no executable
             exe_hashes = ExeHashes(state.get('exe_hashes'))
-            more, context = build_context(policy, snapshot, paths, settings, exe_hashes=exe_hashes)
+            more, context = build_context(policy, snapshot, paths, settings, exe_hashes=exe_hashes, view=view)
             warnings.extend(more)
         state, violations, notes, decisions = decide(policy, snapshot, state, now, context, samples)
     finally:

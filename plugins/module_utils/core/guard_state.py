@@ -4,7 +4,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
 # PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
-"""The guard tick's lock and its state file (``state.json``: escalations, counters; the idle clocks
+"""The guard tick's lock and its state file (``state.json``: escalations, counters, the kernel journal's cursor
+and the Xid events already read (``xid_journal``, xid.read_journal); the idle clocks
 are derived from the usage history at every tick and not kept here).
 Importable from guard as before.
 """
@@ -16,7 +17,7 @@ import fcntl
 import json
 import os
 
-from . import safe_files
+from . import safe_files, xid
 from .units import is_number
 
 STATE_VERSION = 1
@@ -106,6 +107,8 @@ def load_state(path, now):
         return state, 'state file %s is corrupt (%s); rebuilt: escalations restart from their first warning' % (path, why)
     for key in ('idle', 'idle_sampled_at'):  # the idle clocks an earlier release kept here
         data.pop(key, None)
+    if 'xid_journal' in data:   # the kernel journal's cursor and the Xid events read (xid.read_journal): {} when malformed
+        data['xid_journal'] = xid.valid_memo(data['xid_journal'])
     data.setdefault('counters', {})
     for key in ('warnings', 'kills', 'actions', 'failures', 'notify_failures', 'user_actions'):
         if not isinstance(data['counters'].get(key), dict):

@@ -114,10 +114,14 @@ def _columns(conn, table):
     return set(row[1] for row in conn.execute('PRAGMA table_info(%s)' % table).fetchall())
 
 
-def job_of(proc):
+def job_of(proc, job_pids=None):
     """The Slurm job a sample of ``proc`` is charged to: the job its root-owned cgroup names (the inventory's
-    ``slurm_job``: processes.parse_cgroup through CgroupTrust), else None.  Never its argv or environment."""
+    ``slurm_job``: processes.parse_cgroup through CgroupTrust), else the job slurmstepd lists it under (``job_pids``:
+    {pid: job id} from ``scontrol listpids``, the tick's view of Slurm; proctrack/linuxproc has no job cgroups),
+    else None.  Never its argv or environment."""
     job = getattr(proc, 'slurm_job', None)
+    if job is None and job_pids:
+        job = job_pids.get(proc.pid)
     try:
         return valid_job_id(job) if job is not None else None
     except SlurmError:
@@ -125,13 +129,14 @@ def job_of(proc):
 
 
 def record_samples(db, snapshot, now=None, interval_s=None, retention_days=None, max_gap_s=DEFAULT_MAX_GAP_S,
-                   host=None, patterns=None):
+                   host=None, patterns=None, job_pids=None):
     """Append one sample of ``snapshot`` to the history ``db`` (a path or an sqlite3 connection).
 
     Returns ``{'ts', 'interval_s', 'rows', 'pruned'}``.  Raises HistoryError when the database
     cannot be written.  ``retention_days`` None: the stored one, else DEFAULT_RETENTION_DAYS.
     ``host`` is recorded in meta (one database per node).  Command lines are
     stored redacted by ``patterns`` (the policy's ``notify.redact_patterns``; None: the defaults).
+    ``job_pids``: {pid: job id} from slurmstepd when the caller asked Slurm (``job_of``); None: cgroups only.
     """
     now = time.time() if now is None else float(now)
     if retention_days is not None and (isinstance(retention_days, bool) or not 0 < retention_days <= MAX_RETENTION_DAYS):
@@ -157,7 +162,7 @@ def record_samples(db, snapshot, now=None, interval_s=None, retention_days=None,
                 for index in proc.gpu_indexes:
                     dev = by_index.get(index)
                     rows.append((now, interval_s, index, dev.uuid if dev else None, proc.pid, proc.starttime, proc.user,
-                                 proc.name, cmdline, proc.used_mib_by_gpu.get(index), gpu_utilization(proc, dev), job_of(proc)))
+                                 proc.name, cmdline, proc.used_mib_by_gpu.get(index), gpu_utilization(proc, dev), job_of(proc, job_pids)))
             conn.executemany('INSERT INTO samples (ts, interval_s, gpu_index, gpu_uuid, pid, starttime, user, name, cmdline,'
                              ' used_mib, util_pct, slurm_job) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)', rows)
             gpu_rows = [(now, interval_s, dev.index, dev.uuid, dev.utilization_pct, dev.memory_used_mib, dev.memory_total_mib,

@@ -203,7 +203,7 @@ def _read_backends(vendor, factories):
 
 def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=None, factories=None,
                   dev_roots=None, proc_root='/proc', scan_holders=True, driver_timeout=None, xid_since=None,
-                  kmsg_path=None):
+                  kmsg_path=None, xid_memo=None):
     """Read every selected backend and the process table once; return a Snapshot.
 
     vendor: ``auto`` (every backend whose library loads) or one of nvidia, amd, intel, apple.
@@ -221,6 +221,7 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
     function of the Device that returns it (None: the default), so that one GPU's reset leaves the others'
     health as it was (core/remediate.py ``health_since``).
     kmsg_path: the kernel log to read Xid lines from (default ``$_GPUFLEET_KMSG`` or /dev/kmsg).
+    xid_memo: the journal memo the guard keeps between ticks (xid.read_journal), changed in place; None: none.
     inventory: a ProcessInventory (tests); else one is built from dev_roots / proc_root (test seams).
     factories: vendor -> callable returning a Backend (tests).
     """
@@ -233,7 +234,7 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
         from . import watchdog  # pylint: disable=import-outside-toplevel
         statuses, requested, all_devices, errors = watchdog.run(lambda: _read_backends(vendor, factories), driver_timeout)
     selection = Selection([], statuses, requested)
-    xid_log_error = _read_xid_log(all_devices, kmsg_path)
+    xid_log_error = _read_xid_log(all_devices, kmsg_path, xid_memo)
     unreadable = selection.unreadable(resolve_dev_roots(dev_roots))
     errors.extend(unreadable)
     for index, dev in enumerate(all_devices):
@@ -291,14 +292,14 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
                     xid_log_error=xid_log_error)
 
 
-def _read_xid_log(devices, kmsg_path=None):
+def _read_xid_log(devices, kmsg_path=None, memo=None):
     """Add the kernel log's Xid lines to the devices they name (those of the vendors whose backend says
     ``xid_log``: NVIDIA); returns why the log could not be read (their ``xid_events`` then stay as the
-    driver left them: None when it could not tell either)."""
+    driver left them: None when it could not tell either).  ``memo``: xid.read_journal's, kept by the guard."""
     logged = [dev for dev in devices if vendor_backend(dev.vendor).xid_log]
     if not logged:
         return None
-    events, error = xid.read_kmsg(kmsg_path)
+    events, error = xid.read_kmsg(kmsg_path, memo=memo)
     if events is None:
         return error
     for dev in logged:

@@ -45,6 +45,13 @@ MAX_MESSAGE = 512
 # The journal fallback: the newest entries of this boot's kernel messages, and how long journalctl may take.
 JOURNAL_ENTRIES = 20000
 JOURNAL_TIMEOUT = 10.0
+# The journal memo a guard tick keeps in its state (read_journal ``memo``): this boot's cursor and the newest
+# Xid events already read, so a tick asks journalctl only for the kernel lines after the cursor.
+MEMO_EVENTS = 512
+MAX_CURSOR = 512
+BOOT_ID_PATH = '/proc/sys/kernel/random/boot_id'
+_CURSOR_RE = re.compile(r'^[0-9A-Za-z=;_\-]+$')
+_BOOT_RE = re.compile(r'^[0-9a-f]{32}$')
 
 FAULTS = ('application', 'gpu', 'driver', 'system', 'unknown')
 ACTIONS = ('none', 'kill_app', 'reset', 'drain', 'reboot')
@@ -148,9 +155,10 @@ def parse_record(record, boot_epoch):
     return parse_line(message.split('\n', 1)[0], time_s)
 
 
-def read_kmsg(path=None, now=None, monotonic=None):
+def read_kmsg(path=None, now=None, monotonic=None, memo=None):
     """(events, error): the Xid events in the kernel log now, read without blocking; error is None, or why
-    the log could not be read (then events is None: nobody can tell)."""
+    the log could not be read (then events is None: nobody can tell).  ``memo``: read_journal's, for the
+    journal fallback."""
     path = path or os.environ.get(KMSG_ENV) or KMSG_PATH
     wall = time.time() if now is None else now
     mono = time.monotonic() if monotonic is None else monotonic
@@ -161,7 +169,7 @@ def read_kmsg(path=None, now=None, monotonic=None):
         error = 'cannot read the kernel log %s: %s' % (path, exc.strerror or exc)
         if path != KMSG_PATH:
             return None, error
-        events, why = read_journal()
+        events, why = read_journal(memo=memo)
         return (events, None) if events is not None else (None, '%s; %s' % (error, why))
     events = []
     pending = b''
@@ -205,13 +213,40 @@ def read_kmsg(path=None, now=None, monotonic=None):
     return events, None
 
 
-def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT):
+def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT, memo=None, boot_id=None):
     """(events, error): the Xid events among this boot's kernel messages in the journal (``journalctl -k -b -o json``,
-    its newest JOURNAL_ENTRIES entries, at most MAX_BYTES of output, within ``timeout`` seconds)."""
+    its newest JOURNAL_ENTRIES entries, at most MAX_BYTES of output, within ``timeout`` seconds).
+
+    ``memo``: a dict kept between calls (the guard's state, checked by ``valid_memo``), changed in place: this boot's
+    journal cursor and the newest MEMO_EVENTS Xid events read.  With a cursor of this boot, only the entries after it
+    are read (``--after-cursor``) and the events are the memo's plus the new ones; the full read instead when there
+    is no memo (first tick), the cursor is another boot's, journalctl rejects it (rotated journal), or JOURNAL_ENTRIES
+    new entries came (more may wait: the newest ones are read, as without a memo)."""
     journalctl = journalctl or shutil.which('journalctl')
     if not journalctl:
         return None, 'no journalctl to read the kernel messages from the journal'
-    argv = [journalctl, '-k', '-b', '-o', 'json', '-n', str(JOURNAL_ENTRIES), '--no-pager', '-q']
+    boot = current_boot_id() if boot_id is None else boot_id
+    if memo is not None and memo.get('cursor') and boot and memo.get('boot') == boot:
+        entries, error = _journal_entries(journalctl, timeout, ['--after-cursor', memo['cursor']])
+        if entries is not None and len(entries) < JOURNAL_ENTRIES:
+            events = [event_from_dict(item) for item in memo.get('events') or ()] + _journal_events(entries)
+            _remember(memo, boot, entries, events)
+            return events, None
+    entries, error = _journal_entries(journalctl, timeout, [])
+    if entries is None:
+        if memo is not None:
+            memo.clear()
+        return None, error
+    events = _journal_events(entries)
+    if memo is not None:
+        memo.clear()
+        _remember(memo, boot, entries, events)
+    return events, None
+
+
+def _journal_entries(journalctl, timeout, extra):
+    """(the JSON entries journalctl printed, error)."""
+    argv = [journalctl, '-k', '-b', '-o', 'json', '-n', str(JOURNAL_ENTRIES)] + extra + ['--no-pager', '-q']
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 close_fds=True)
@@ -226,21 +261,90 @@ def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT):
     if proc.returncode != 0:
         return None, '%s -k failed (rc %d): %s' % (journalctl, proc.returncode,
                                                    printable(err.decode('utf-8', 'replace').strip()[-300:]))
-    events = []
+    entries = []
     for line in out[:MAX_BYTES].splitlines():
         try:
             entry = json.loads(line.decode('utf-8', 'replace'))
-            message = entry.get('MESSAGE')
-            if isinstance(message, list):   # journald's form of a message that is not valid UTF-8
-                message = bytes(b & 0xff for b in message if isinstance(b, int)).decode('utf-8', 'replace')
-            stamp = entry.get('__REALTIME_TIMESTAMP')
-            time_s = round(int(stamp) / 1e6, 3) if isinstance(stamp, str) and stamp.isdigit() else None
-        except (ValueError, AttributeError):
+        except ValueError:
             continue
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries, None
+
+
+def _journal_events(entries):
+    events = []
+    for entry in entries:
+        message = entry.get('MESSAGE')
+        if isinstance(message, list):   # journald's form of a message that is not valid UTF-8
+            message = bytes(b & 0xff for b in message if isinstance(b, int)).decode('utf-8', 'replace')
+        stamp = entry.get('__REALTIME_TIMESTAMP')
+        time_s = round(int(stamp) / 1e6, 3) if isinstance(stamp, str) and stamp.isdigit() else None
         event = parse_line(message, time_s) if isinstance(message, str) and 'Xid' in message else None
         if event is not None:
             events.append(event)
-    return events, None
+    return events
+
+
+def _remember(memo, boot, entries, events):
+    """Keep the last entry's cursor (or the one the memo had, when nothing new came) and the newest events."""
+    for entry in reversed(entries):
+        cursor = entry.get('__CURSOR')
+        if isinstance(cursor, str) and len(cursor) <= MAX_CURSOR and _CURSOR_RE.match(cursor):
+            memo['cursor'] = cursor
+            break
+    memo['boot'] = boot
+    memo['events'] = [event_dict(event) for event in events[-MEMO_EVENTS:]]
+
+
+def current_boot_id(path=BOOT_ID_PATH):
+    """This boot's id as journald writes it (32 hex digits, no dashes), or None when unreadable."""
+    try:
+        with open(path, 'rb') as handle:
+            text = handle.read(64).decode('ascii', 'replace').strip().replace('-', '').lower()
+    except OSError:
+        return None
+    return text if _BOOT_RE.match(text) else None
+
+
+def event_dict(event):
+    """What the memo keeps of an event (the classification is the table's, derived again when it is read)."""
+    return {'time': event.time, 'code': event.code, 'pid': event.pid, 'name': event.name, 'pci_bus_id': event.pci_bus_id,
+            'message': event.message}
+
+
+def event_from_dict(item):
+    return make_event(item['code'], 'kmsg', time_s=item['time'], pid=item['pid'], name=item['name'],
+                      pci_bus_id=item['pci_bus_id'], message=item['message'])
+
+
+def _valid_event(item):
+    def text(value, limit):
+        return value is None or (isinstance(value, str) and len(value) <= limit and printable(value) == value)
+
+    def integer(value, low, high):
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    return (isinstance(item, dict) and set(item) == {'time', 'code', 'pid', 'name', 'pci_bus_id', 'message'}
+            and integer(item['code'], 0, 1 << 20) and (item['pid'] is None or integer(item['pid'], 1, 1 << 32))
+            and (item['time'] is None or (isinstance(item['time'], (int, float)) and not isinstance(item['time'], bool)
+                                          and 0 <= item['time'] < 1e11))
+            and text(item['name'], 64) and text(item['message'], MAX_MESSAGE) and text(item['pci_bus_id'], 64)
+            and item['pci_bus_id'] is not None)
+
+
+def valid_memo(data):
+    """The journal memo of a loaded state: ``data`` when it is one read_journal wrote (bounded, every field of the
+    expected type), else {} (the next read is the full one; nothing else of the state is lost)."""
+    if not isinstance(data, dict) or set(data) - {'cursor', 'boot', 'events'}:
+        return {}
+    cursor, boot, events = data.get('cursor'), data.get('boot'), data.get('events', [])
+    if cursor is not None and not (isinstance(cursor, str) and len(cursor) <= MAX_CURSOR and _CURSOR_RE.match(cursor)):
+        return {}
+    if boot is not None and not (isinstance(boot, str) and _BOOT_RE.match(boot)):
+        return {}
+    if not isinstance(events, list) or len(events) > MEMO_EVENTS or not all(_valid_event(item) for item in events):
+        return {}
+    return data
 
 
 def join_events(devices, events):
