@@ -7,6 +7,7 @@ exception into the fail_json arguments the modules have always returned."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -98,7 +99,12 @@ def test_gpu_audit_imports_the_policy_engine_and_history_only_when_asked():
     """A plain audit (the common call, once per node) does not pay for core.guard, core.policy or sqlite3."""
     code = ('import sys; import ansible_collections.gpufleet.reclaim.plugins.modules.gpu_audit; '
             'print(" ".join(m for m in sys.modules if m.endswith((".core.guard", ".core.policy", ".core.history")) or m == "sqlite3"))')
-    out = subprocess.run([sys.executable, '-c', code], check=True, stdout=subprocess.PIPE, universal_newlines=True).stdout
+    # a fresh interpreter finds the collection as a plain package: under ansible-test its collection loader is not there,
+    # so the directory above ansible_collections/ goes on the child's path
+    here = os.path.abspath(gpu_module.__file__)
+    root = here[:here.rindex(os.sep + 'ansible_collections' + os.sep)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in sys.path if p]))
+    out = subprocess.run([sys.executable, '-c', code], check=True, stdout=subprocess.PIPE, universal_newlines=True, env=env).stdout
     assert out.split() == [], out
 
 
