@@ -169,6 +169,36 @@ def test_reservation_by_mig_uuid_covers_only_that_instance(node):
     assert [(v.gpu, v.user, v.pids) for v in violations] == [('0:2', 'bob', [node.procs['bob_gi2']])]
 
 
+@pytest.mark.parametrize('form', ['gpu_gi', 'gpu_gi_ci', 'uuid'])
+def test_policy_gpus_key_takes_the_selector_forms(node, form):
+    """A ``gpus:`` key ``0:2`` / ``0:2:0`` / the MIG UUID covers GI 2 only, as ``gpu_kill gpus=`` would select it."""
+    snap = _snapshot(node)
+    key = {'gpu_gi': '0:2', 'gpu_gi_ci': '0:2:0', 'uuid': snap.devices[0].mig_devices[1].uuid}[form]
+    policy = parse_policy({'gpus': {key: {'reserved_for': ['alice'], 'max_mem_gib_total': 7}}}, 'policy')
+    found = sorted((v.rule, v.gpu, v.pids) for v in evaluate(policy, snap, {}, now=snap.taken_at))
+    assert found == [('gpu_max_mem_total', '0:2', [node.procs['bob_gi2']]), ('gpu_reserved', '0:2', [node.procs['bob_gi2']])]
+    selected = Selector(gpus=[key], all_on_gpus=True).select(snap)
+    assert [m.proc.pid for m in selected] == [node.procs['bob_gi2']]
+    # a key naming an instance this board lacks matches nothing (a fleet-wide policy names instances of other nodes)
+    assert evaluate(parse_policy({'gpus': {'0:7': {'reserved_for': ['alice']}}}, 'policy'), snap, {}, now=snap.taken_at) == []
+
+
+def test_allowed_and_blocked_gpus_per_mig_device(node):
+    snap = _snapshot(node)
+    bob_gi1, bob_gi2 = node.procs['bob_gi1'], node.procs['bob_gi2']
+
+    def access(limits):
+        policy = parse_policy({'users': {'bob': limits}}, 'policy')
+        return sorted((v.pids, v.measured) for v in evaluate(policy, snap, {}, now=snap.taken_at) if v.rule == 'gpu_access')
+    assert access({'allowed_gpus': '0:1'}) == [([bob_gi2], ['0:2'])]
+    assert access({'allowed_gpus': ['0:1:0', snap.devices[0].mig_devices[1].uuid]}) == []
+    assert access({'allowed_gpus': [0]}) == []                     # the board covers its instances
+    assert access({'allowed_gpus': [1]}) == [([bob_gi1], ['0:1']), ([bob_gi2], ['0:2'])]
+    assert access({'blocked_gpus': '0:2'}) == [([bob_gi2], ['0:2'])]
+    assert access({'blocked_gpus': [snap.devices[0].uuid]}) == [([bob_gi1], ['0:1']), ([bob_gi2], ['0:2'])]
+    assert access({'blocked_gpus': '1, 0:3'}) == []
+
+
 def _reset(node, check_mode, **options):
     host = core_reset.Host(dev_roots=list(node.dev_roots), tools={'nvidia-smi': os.path.join(h.sim_dir(), 'bin', 'nvidia-smi'),
                                                                   'systemctl': None, 'scontrol': None})
