@@ -349,8 +349,8 @@ def _unreleased_cause(index, snapshot, victims, dev_roots, left_children, mig_in
     if dev is not None and dev.minor is not None:
         wanted = vendor_backend(dev.vendor).device_keys(dev.minor)[:1]   # the node compute clients open
         fd_holders, _readable, fds_denied = scan_device_fds(dev_roots=dev_roots, exclude=[os.getpid()])
-        elsewhere = set(p for m in dev.mig_devices or () if mig_instances
-                        and (m.gpu_instance_id, m.compute_instance_id) not in mig_instances for p in m.pids)
+        others = [m for m in dev.mig_devices or () if mig_instances and (m.gpu_instance_id, m.compute_instance_id) not in mig_instances]
+        elsewhere = set(pid for m in others for pid in m.pids)
         holders = sorted(pid for pid, paths in fd_holders.items()
                          if pid not in elsewhere and any(device_key(p, dev_roots) in wanted for p in paths))
     if holders:
