@@ -13,6 +13,7 @@ attributes (types, ppid, exe, pod uid, ...) are for the core's own decisions.
 from __future__ import annotations
 
 import copy
+import re
 
 MIB = 1024 * 1024
 
@@ -274,6 +275,26 @@ class MigDevice(_Record):
             'orphaned_mib': self.orphaned_mib,
             'processes': self.pids,
         }
+
+
+# A MIG device named by its board's host-wide index and its GPU instance id (and compute instance id): 0:1, 0:1:0
+MIG_FORM = re.compile(r'^([0-9]+):([0-9]+)(?::([0-9]+))?$')
+
+
+def mig_devices_named(dev, text):
+    """The MigDevices of board ``dev`` that ``text`` names (a ``MIG-`` UUID or ``GPU:GI[:CI]``; ``GPU:GI`` names every
+    compute instance of the GPU instance), or None when it names no MIG device (an index or a board UUID), or [] when
+    it names one this board lacks.  The gpu_kill selector and the policy's ``gpus`` keys both mean this."""
+    form = MIG_FORM.match(text)
+    if form:
+        if dev.index != int(form.group(1)):
+            return []
+        gi, ci = int(form.group(2)), form.group(3)
+        return [m for m in getattr(dev, 'mig_devices', None) or ()
+                if m.gpu_instance_id == gi and (ci is None or m.compute_instance_id == int(ci))]
+    if text.lower().startswith('mig-'):
+        return [m for m in getattr(dev, 'mig_devices', None) or () if m.uuid is not None and m.uuid.lower() == text.lower()]
+    return None
 
 
 def gpu_units(proc):

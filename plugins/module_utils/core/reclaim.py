@@ -247,15 +247,20 @@ class DriverProbe(object):
     hosts) and each read asks only for memory and process lists.
     """
 
-    def __init__(self, vendor, snapshot):
+    def __init__(self, vendor, snapshot, mig_instances=None):
         self.selection = select_backends(vendor)
         self.index = dict(((dev.vendor, dev.vendor_index), dev.index) for dev in snapshot.all_devices)
+        # GPU index -> {(GPU instance id, compute instance id)}: boards whose reading is that of these MIG devices
+        self.mig_instances = dict(mig_instances or {})
 
     def __call__(self):
         view = {}
         for backend in self.selection.backends:
             try:
-                readings = backend.memory_view()
+                if any(name == backend.name and index in self.mig_instances for (name, _vi), index in self.index.items()):
+                    readings = dict((dev.vendor_index, self._reading(dev)) for dev in backend.devices())
+                else:
+                    readings = backend.memory_view()
             except Exception:  # pylint: disable=broad-except
                 continue  # unknown: wait_release keeps waiting for these GPUs
             for vendor_index, reading in readings.items():
@@ -263,6 +268,19 @@ class DriverProbe(object):
                 if key is not None:
                     view[key] = reading
         return view
+
+    def _reading(self, dev):
+        """(used MiB, listed pids) of a board, or of its MIG devices in ``mig_instances`` (their sums: each MIG device's
+        memory and process list are readable where the board's are not, as non-root)."""
+        wanted = self.mig_instances.get(self.index.get((dev.vendor, dev.vendor_index)))
+        if not wanted:
+            return dev.memory_used_mib, set(dev.pids) if dev.processes_complete else None
+        migs = [m for m in dev.mig_devices or () if (m.gpu_instance_id, m.compute_instance_id) in wanted]
+        if len(migs) != len(wanted):
+            return None, None  # an instance is gone or unreadable: nothing can be confirmed
+        used = None if any(m.memory_used_mib is None for m in migs) else sum(m.memory_used_mib for m in migs)
+        listed = None if not all(m.processes_complete for m in migs) else set(p for m in migs for p in m.pids)
+        return used, listed
 
     def close(self):
         self.selection.close()
@@ -273,13 +291,16 @@ def _expected_release(snapshot, victims):
 
     A listed process contributes its own figure.  Orphans (holders the driver does not list) are
     what the GPU's unattributed (orphaned) memory consists of, so killing them must bring that back.
+    On a board in MIG mode whose killed processes all ran on known MIG devices, the entry waits on
+    those MIG devices (``mig_instances``: {(GPU instance id, compute instance id)}; ``before_mib``
+    their memory): a MIG device's memory is readable where the board's is not (non-root).
     """
     expected = {}
 
     def entry_for(index):
         dev = snapshot.device(index)
         return expected.setdefault(index, {'pids': set(), 'before_mib': dev.memory_used_mib if dev else None,
-                                           'held_mib': 0, 'orphaned': False})
+                                           'held_mib': 0, 'orphaned': False, 'mig_instances': set()})
 
     for victim in victims:
         if victim.outcome != 'killed':
@@ -289,6 +310,10 @@ def _expected_release(snapshot, victims):
             for index in proc.gpu_indexes:
                 entry = entry_for(index)
                 entry['pids'].add(victim.pid)
+                mig = (proc.mig_by_gpu or {}).get(index)
+                if entry['mig_instances'] is not None:
+                    entry['mig_instances'] = None if mig is None else entry['mig_instances'] | {
+                        (mig.gpu_instance_id, mig.compute_instance_id)}
                 used = proc.used_mib_by_gpu.get(index)
                 entry['held_mib'] = None if used is None or entry['held_mib'] is None else entry['held_mib'] + used
             continue
@@ -297,26 +322,37 @@ def _expected_release(snapshot, victims):
             continue  # a tree child shares its parent's memory, which the parent's figure already counts
         for index in holder.gpu_indexes:
             entry = entry_for(index)
+            entry['mig_instances'] = None  # a holder is on the board, on no MIG device: the board's figures tell
             if entry['orphaned']:
                 continue
             entry['orphaned'] = True
             dev = snapshot.device(index)
             orphaned = dev.orphaned_mib if dev is not None else None
             entry['held_mib'] = None if orphaned is None or entry['held_mib'] is None else entry['held_mib'] + orphaned
-    for entry in expected.values():
+    for index, entry in expected.items():
         entry.pop('orphaned')
+        if not entry['mig_instances']:
+            entry.pop('mig_instances')
+            continue
+        migs = [m for m in getattr(snapshot.device(index), 'mig_devices', None) or ()
+                if (m.gpu_instance_id, m.compute_instance_id) in entry['mig_instances']]
+        entry['before_mib'] = None if any(m.memory_used_mib is None for m in migs) else sum(m.memory_used_mib for m in migs)
     return expected
 
 
-def _unreleased_cause(index, snapshot, victims, dev_roots, left_children):
-    """The likely reason memory on GPU ``index`` did not come back."""
+def _unreleased_cause(index, snapshot, victims, dev_roots, left_children, mig_instances=None):
+    """The likely reason memory on GPU ``index`` did not come back (on the MIG devices ``mig_instances`` of it, when
+    the wait read those: a process the driver listed on another MIG device of the board does not hold their memory)."""
     dev = snapshot.device(index)
     holders = []
     fds_denied = 0
     if dev is not None and dev.minor is not None:
         wanted = vendor_backend(dev.vendor).device_keys(dev.minor)[:1]   # the node compute clients open
         fd_holders, _readable, fds_denied = scan_device_fds(dev_roots=dev_roots, exclude=[os.getpid()])
-        holders = sorted(pid for pid, paths in fd_holders.items() if any(device_key(p, dev_roots) in wanted for p in paths))
+        others = [m for m in dev.mig_devices or () if mig_instances and (m.gpu_instance_id, m.compute_instance_id) not in mig_instances]
+        elsewhere = set(pid for m in others for pid in m.pids)
+        holders = sorted(pid for pid, paths in fd_holders.items()
+                         if pid not in elsewhere and any(device_key(p, dev_roots) in wanted for p in paths))
     if holders:
         children = [pid for pid in holders if pid in left_children]
         if children:
@@ -434,7 +470,8 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     if not check_mode:
         expected = _expected_release(snapshot, victims)
         if expected:
-            probe = DriverProbe(options.vendor, snapshot)
+            probe = DriverProbe(options.vendor, snapshot, dict((index, entry['mig_instances']) for index, entry in expected.items()
+                                                               if 'mig_instances' in entry))
             try:
                 release = killer.wait_release(expected, probe, timeout=options.release_timeout)
             finally:
@@ -447,7 +484,8 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
                 if on_gpu and entry['seconds'] is not None and victim.outcome == 'killed':
                     victim.release_seconds = max(victim.release_seconds or 0.0, entry['seconds'])
             if not entry['released']:
-                entry['cause'] = _unreleased_cause(index, snapshot, victims, dev_roots, decided.left_children)
+                entry['cause'] = _unreleased_cause(index, snapshot, victims, dev_roots, decided.left_children,
+                                                   expected[index].get('mig_instances'))
                 unreleased.append({'gpu': index, 'unreleased_mib': entry['unreleased_mib'], 'cause': entry['cause']})
     killed = [v.as_result() for v in victims if v.outcome == 'killed']
     failed = [v.as_result() for v in victims if v.outcome == 'failed']

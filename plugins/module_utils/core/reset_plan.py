@@ -160,11 +160,20 @@ class GpuReset(object):
 
 # ---------------------------------------------------------------------------- selection
 def needs_reset(dev, threshold):
-    """Why ``dev`` needs a reset (health recommends one, or orphaned memory above ``threshold``): a list, empty if not."""
+    """Why ``dev`` needs a reset (health recommends one, or orphaned memory above ``threshold``): a list, empty if not.
+
+    On a board in MIG mode with MIG devices the orphaned memory is each MIG device's own (``orphaned_mib`` per instance,
+    readable without root): the board is needed when one instance holds more than ``threshold`` that none of its processes
+    accounts for; the board's figure (the instances' sum, unknown to non-root) is not used then."""
     reasons = []
     if dev.health.recommended_action == 'reset':
         reasons.extend(dev.health.reasons or ['the health check recommends a reset'])
-    if dev.orphaned_mib is not None and dev.orphaned_mib > threshold:
+    if dev.mig_devices:
+        for mig in dev.mig_devices:
+            if mig.orphaned_mib is not None and mig.orphaned_mib > threshold:
+                reasons.append('%d MiB of GPU memory on MIG device %s (%s) held by no process (orphan_threshold_mib %d)' % (
+                    mig.orphaned_mib, mig.unit, mig.profile or 'unknown profile', threshold))
+    elif dev.orphaned_mib is not None and dev.orphaned_mib > threshold:
         reasons.append('%d MiB of GPU memory held by no process (orphan_threshold_mib %d)' % (dev.orphaned_mib, threshold))
     return reasons
 
@@ -174,7 +183,7 @@ def choose(snapshot, options):
     devices = resolve_gpus(snapshot.all_devices, options.gpus)   # a MIG device names its board: a reset is per board
     items = []
     for dev in devices:
-        if dev.orphaned_mib is None:
+        if dev.orphaned_mib is None or any(m.orphaned_mib is None for m in dev.mig_devices or ()):
             dev.compute_orphaned()
         if options.when_needed:
             reasons = needs_reset(dev, options.orphan_threshold_mib)

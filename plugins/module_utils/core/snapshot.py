@@ -13,7 +13,6 @@ library's own index.
 
 from __future__ import annotations
 
-import re
 import time
 from collections import OrderedDict
 
@@ -21,7 +20,7 @@ from . import xid
 from .backends import VENDOR_CHOICES, Selection, select, vendor_backend
 from .backends.base import DRM_RENDER_BASE, error_text  # noqa: F401 pylint: disable=unused-import
 from .errors import InvalidArgument
-from .model import GpuProcess
+from .model import MIG_FORM, GpuProcess, mig_devices_named
 from .processes import ProcessInventory, device_key, resolve_dev_roots
 
 
@@ -99,23 +98,9 @@ def _matches(dev, key):
     return dev.uuid is not None and dev.uuid.lower() == text.lower()
 
 
-# A MIG device named by its board's host-wide index and its GPU instance id (and compute instance id): 0:1, 0:1:0
-_MIG_FORM = re.compile(r'^([0-9]+):([0-9]+)(?::([0-9]+))?$')
-
-
-def _mig_matches(dev, text):
-    """The MigDevices of board ``dev`` that ``text`` names (a ``MIG-`` UUID or ``GPU:GI[:CI]``), or None when it
-    names no MIG device (an index or a board UUID), or [] when it names one this board lacks."""
-    form = _MIG_FORM.match(text)
-    if form:
-        if dev.index != int(form.group(1)):
-            return []
-        gi, ci = int(form.group(2)), form.group(3)
-        return [m for m in getattr(dev, 'mig_devices', None) or ()
-                if m.gpu_instance_id == gi and (ci is None or m.compute_instance_id == int(ci))]
-    if text.lower().startswith('mig-'):
-        return [m for m in getattr(dev, 'mig_devices', None) or () if m.uuid is not None and m.uuid.lower() == text.lower()]
-    return None
+# A MIG device named by ``GPU:GI[:CI]`` (0:1, 0:1:0) or its MIG- UUID: model.mig_devices_named (policy rules name them so too)
+_MIG_FORM = MIG_FORM
+_mig_matches = mig_devices_named
 
 
 def resolve_gpu_targets(devices, gpus):

@@ -179,11 +179,14 @@ def _user_rules(run, user, procs):
     if lim.allowed_gpus is not None or lim.blocked_gpus is not None:
         for proc in run.eligible(procs, 'gpu_access'):
             bad = []
-            for gpu in _gpus_of(proc):
-                allowed = lim.allowed_gpus is None or lim.allowed_gpus.text == '' or lim.allowed_gpus.contains_index(gpu, run.snapshot)
-                blocked = lim.blocked_gpus is not None and lim.blocked_gpus.text != '' and lim.blocked_gpus.contains_index(gpu, run.snapshot)
+            for gpu, unit in zip(_gpus_of(proc), gpu_units(proc)):
+                mig = (proc.mig_by_gpu or {}).get(gpu)  # on a MIG board: the board or that MIG device is named
+                allowed = (lim.allowed_gpus is None or lim.allowed_gpus.text == ''
+                           or lim.allowed_gpus.contains_index(gpu, run.snapshot, mig))
+                blocked = (lim.blocked_gpus is not None and lim.blocked_gpus.text != ''
+                           and lim.blocked_gpus.contains_index(gpu, run.snapshot, mig))
                 if blocked or not allowed:
-                    bad.append(gpu)
+                    bad.append(unit)
             if bad:
                 out.append(Violation('gpu_access', 'user:%s' % user, bad, (lim.allowed_gpus.text if lim.allowed_gpus else '*'),
                                      action, [proc.pid], user=user, unit='GPUs',
@@ -313,14 +316,13 @@ def _gpu_rules(run, quota):
 
 def _rule_units(rule, snapshot):
     """[(unit, GPU index)] a per-GPU rule covers: each GPU it names (all its processes, MIG devices included), and
-    each MIG device it names by its ``MIG-`` UUID (the processes the driver lists on that MIG device)."""
+    each MIG device it names by its ``MIG-`` UUID or ``GPU:GI[:CI]`` (the processes the driver lists on that MIG device)."""
     out = []
     for dev in snapshot.devices:
         if rule.gpus.contains(dev):
             out.append((dev.index, dev.index))
-        for mig in dev.mig_devices or ():
-            if mig.uuid is not None and mig.uuid.lower() in rule.gpus.uuids:
-                out.append((mig.unit, dev.index))
+        for mig in rule.gpus.mig_devices(dev):
+            out.append((mig.unit, dev.index))
     return out
 
 

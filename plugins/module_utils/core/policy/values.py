@@ -16,6 +16,7 @@ import re
 
 from ..constants import ACTIONS, MODES
 from ..errors import InvalidArgument
+from ..model import MIG_FORM, mig_devices_named
 from .. import validation
 from ..units import parse_duration, parse_size_mib
 from .validation import _Bad, _Errors, _is_number, _join, _only
@@ -185,13 +186,16 @@ def _command(argv, sub):
 
 # ---------------------------------------------------------------------------- GPUs
 class GpuSet(object):
-    """GPU indexes, ranges and UUIDs as written (``"0-3"``, ``"0,2"``, ``5``, ``"GPU-6f7c..."``, ``"*"``)."""
+    """GPU indexes, ranges and UUIDs as written (``"0-3"``, ``"0,2"``, ``5``, ``"GPU-6f7c..."``, ``"*"``), and MIG devices
+    named as the gpu_kill selector names them (``"MIG-..."`` UUIDs, ``"0:1"`` for every compute instance of GPU
+    instance 1 of GPU 0, ``"0:1:0"`` for one compute instance: model.mig_devices_named)."""
 
-    def __init__(self, indexes=(), uuids=(), every=False, text=''):
+    def __init__(self, indexes=(), uuids=(), every=False, text='', mig_names=()):
         self.indexes = frozenset(indexes)
         self.uuids = frozenset(u.lower() for u in uuids)
         self.every = every
         self.text = text
+        self.mig_names = tuple(mig_names) + tuple(sorted(u for u in self.uuids if u.startswith('mig-')))
 
     def contains(self, dev):
         if self.every:
@@ -200,33 +204,49 @@ class GpuSet(object):
             return True
         return dev.uuid is not None and dev.uuid.lower() in self.uuids
 
-    def contains_index(self, index, snapshot=None):
+    def contains_index(self, index, snapshot=None, mig=None):
+        """Whether it names GPU ``index`` (by index, or by UUID given ``snapshot``), or ``mig``, the MigDevice on that GPU
+        a process runs on (by its MIG UUID or ``GPU:GI[:CI]``)."""
         if self.every or index in self.indexes:
             return True
-        if self.uuids and snapshot is not None:
+        if (self.uuids or self.mig_names) and snapshot is not None:
             dev = snapshot.device(index)
-            return dev is not None and self.contains(dev)
+            if dev is None:
+                return False
+            return self.contains(dev) or (mig is not None and mig in self.mig_devices(dev))
         return False
+
+    def mig_devices(self, dev):
+        """The MigDevices of board ``dev`` it names by MIG UUID or ``GPU:GI[:CI]`` (not by naming the board)."""
+        out = []
+        for name in self.mig_names:
+            for mig in mig_devices_named(dev, name) or ():
+                if mig not in out:
+                    out.append(mig)
+        return out
 
     def __repr__(self):
         return 'GpuSet(%s)' % self.text
 
 
+_GPU_SET_EXPECTED = 'expected GPU indexes (0, "0-3", "0,2"), UUIDs or MIG devices ("0:1", "0:1:0", "MIG-...")'
+
+
 def _gpu_set(value, path):
     items = value if isinstance(value, list) else [value]
-    indexes, uuids, every = set(), set(), False
+    indexes, uuids, mig_names, every = set(), set(), [], False
     if isinstance(value, list) and not value:
         return GpuSet(text='')
     for item in items:
         if isinstance(item, bool):
-            raise _Bad(path, value, 'expected GPU indexes (0, "0-3", "0,2") or UUIDs')
+            raise _Bad(path, value, _GPU_SET_EXPECTED)
         if isinstance(item, int):
             if item < 0:
                 raise _Bad(path, value, 'a GPU index is 0 or more')
             indexes.add(item)
             continue
         if not isinstance(item, str) or not item.strip():
-            raise _Bad(path, value, 'expected GPU indexes (0, "0-3", "0,2") or UUIDs')
+            raise _Bad(path, value, _GPU_SET_EXPECTED)
         for part in item.split(','):
             part = part.strip()
             if part in ('*', 'all'):
@@ -238,12 +258,20 @@ def _gpu_set(value, path):
                 if low > high or high - low > 4096:
                     raise _Bad(path, value, 'a range goes from the lower index to the higher one, as in 0-3')
                 indexes.update(range(low, high + 1))
+            elif MIG_FORM.match(part):
+                if part not in mig_names:
+                    mig_names.append(part)
+            elif ':' in part and re.match(r'^[\d\s:]+$', part):
+                raise _Bad(path, part, 'a MIG device is GPU:GI or GPU:GI:CI in whole numbers (0:1 is GPU instance 1 of GPU 0, '
+                                       '0:1:0 its compute instance 0), or its MIG- UUID')
+            elif re.match(r'^MIG-[A-Za-z0-9][A-Za-z0-9_./-]{6,95}$', part, re.IGNORECASE):
+                uuids.add(part)  # a MIG device UUID (R470+ ``MIG-<uuid>``; before: ``MIG-GPU-<uuid>/GI/CI``)
             elif re.match(r'^[A-Za-z0-9][A-Za-z0-9:_.-]{7,95}$', part) and not re.match(r'^[\d-]+$', part):
                 uuids.add(part)
             else:
-                raise _Bad(path, value, 'expected GPU indexes (0, "0-3", "0,2") or UUIDs')
+                raise _Bad(path, value, _GPU_SET_EXPECTED)
     text = ','.join(str(x) for x in (items if isinstance(value, list) else [value]))
-    return GpuSet(indexes, uuids, every, text)
+    return GpuSet(indexes, uuids, every, text, mig_names)
 
 
 # ---------------------------------------------------------------------------- time windows

@@ -169,10 +169,42 @@ def test_reservation_by_mig_uuid_covers_only_that_instance(node):
     assert [(v.gpu, v.user, v.pids) for v in violations] == [('0:2', 'bob', [node.procs['bob_gi2']])]
 
 
+@pytest.mark.parametrize('form', ['gpu_gi', 'gpu_gi_ci', 'uuid'])
+def test_policy_gpus_key_takes_the_selector_forms(node, form):
+    """A ``gpus:`` key ``0:2`` / ``0:2:0`` / the MIG UUID covers GI 2 only, as ``gpu_kill gpus=`` would select it."""
+    snap = _snapshot(node)
+    key = {'gpu_gi': '0:2', 'gpu_gi_ci': '0:2:0', 'uuid': snap.devices[0].mig_devices[1].uuid}[form]
+    policy = parse_policy({'gpus': {key: {'reserved_for': ['alice'], 'max_mem_gib_total': 7}}}, 'policy')
+    found = sorted((v.rule, v.gpu, v.pids) for v in evaluate(policy, snap, {}, now=snap.taken_at))
+    assert found == [('gpu_max_mem_total', '0:2', [node.procs['bob_gi2']]), ('gpu_reserved', '0:2', [node.procs['bob_gi2']])]
+    selected = Selector(gpus=[key], all_on_gpus=True).select(snap)
+    assert [m.proc.pid for m in selected] == [node.procs['bob_gi2']]
+    # a key naming an instance this board lacks matches nothing (a fleet-wide policy names instances of other nodes)
+    assert evaluate(parse_policy({'gpus': {'0:7': {'reserved_for': ['alice']}}}, 'policy'), snap, {}, now=snap.taken_at) == []
+
+
+def test_allowed_and_blocked_gpus_per_mig_device(node):
+    snap = _snapshot(node)
+    bob_gi1, bob_gi2 = node.procs['bob_gi1'], node.procs['bob_gi2']
+
+    def access(limits):
+        policy = parse_policy({'users': {'bob': limits}}, 'policy')
+        return sorted((v.pids, v.measured) for v in evaluate(policy, snap, {}, now=snap.taken_at) if v.rule == 'gpu_access')
+    assert access({'allowed_gpus': '0:1'}) == [([bob_gi2], ['0:2'])]
+    assert access({'allowed_gpus': ['0:1:0', snap.devices[0].mig_devices[1].uuid]}) == []
+    assert access({'allowed_gpus': [0]}) == []                     # the board covers its instances
+    assert access({'allowed_gpus': [1]}) == [([bob_gi1], ['0:1']), ([bob_gi2], ['0:2'])]
+    assert access({'blocked_gpus': '0:2'}) == [([bob_gi2], ['0:2'])]
+    assert access({'blocked_gpus': [snap.devices[0].uuid]}) == [([bob_gi1], ['0:1']), ([bob_gi2], ['0:2'])]
+    assert access({'blocked_gpus': '1, 0:3'}) == []
+
+
 def _reset(node, check_mode, **options):
+    """The reset item of GPU 0 (None when when_needed selects nothing)."""
     host = core_reset.Host(dev_roots=list(node.dev_roots), tools={'nvidia-smi': os.path.join(h.sim_dir(), 'bin', 'nvidia-smi'),
                                                                   'systemctl': None, 'scontrol': None})
-    return core_reset.reset(core_reset.ResetOptions(gpus=['0'], **options), host, check_mode=check_mode)['resets'][0]
+    resets = core_reset.reset(core_reset.ResetOptions(gpus=['0'], **options), host, check_mode=check_mode)['resets']
+    return resets[0] if resets else None
 
 
 def test_reset_explains_and_refuses_without_recreate(node):
@@ -200,6 +232,54 @@ def test_reset_recreate_records_resets_recreates_and_verifies(node, monkeypatch)
     assert node.alive(node.procs['alice_gpu1'])      # the other board was not touched
     facts = _snapshot(node).to_facts()['devices'][0]
     assert [m['profile'] for m in facts['mig_devices']] == ['3g.71gb', '2g.35gb', '1g.18gb']
+
+
+@pytest.fixture
+def slow_mig_node():
+    """GPU 0 in MIG mode whose driver keeps a dead workload's memory for two minutes (an orphan on its MIG device)."""
+    redteam.ensure_users()
+    with h.gpusim_node(gpus=2, release_delay_ms=120000, init_args=('--mig', LAYOUT)) as sim:
+        yield sim
+
+
+def test_when_needed_decides_on_each_mig_devices_orphaned_memory(slow_mig_node):
+    sim = slow_mig_node
+    assert _reset(sim, check_mode=True, when_needed=True, orphan_threshold_mib=1024) is None
+    sim.gpusim('leak', '--gpu', '0', '--mib', '4096')   # on the board, in no instance: not an instance's orphan
+    assert _reset(sim, check_mode=True, when_needed=True, orphan_threshold_mib=1024) is None
+    small, big = _spawn(sim, 0, 512, 'bob', '3'), _spawn(sim, 0, 6000, 'alice', '2')
+    for pid in (small, big):
+        os.kill(pid, 9)   # a workload of this test; its supervisor records the exit, the memory stays
+    h.wait_for(lambda: sim.show()['gpus'][0]['mig_instances'][2]['processes'] == []
+               and sim.show()['gpus'][0]['mig_instances'][1]['processes'] == [], timeout=10)
+    migs = _snapshot(sim).devices[0].mig_devices
+    assert [m.orphaned_mib for m in migs] == [0, 6000, 512]
+    item = _reset(sim, check_mode=True, when_needed=True, orphan_threshold_mib=1024)
+    assert [r for r in item['selected_because'] if 'MiB' in r] == [
+        '6000 MiB of GPU memory on MIG device 0:2 (2g.35gb) held by no process (orphan_threshold_mib 1024)']
+    assert _reset(sim, check_mode=True, when_needed=True, orphan_threshold_mib=8000) is None
+
+
+def test_release_wait_as_non_root_reads_the_mig_devices_memory(node):
+    """As non-root the board's memory is unknown: the wait reads the killed process's MIG device instead."""
+    victim = node.procs['bob_gi2']
+    result = h.run_reclaim_as('bob', node.state, {'pids': [victim]}, {'timeout': 5, 'release_timeout': 10}, node.dev_roots)
+    assert [e['pid'] for e in result['killed']] == [victim]
+    assert result['unreleased'] == [] and result['release']['0']['released'] is True
+    assert result['freed_mib'] == {'0': 8000}
+    assert node.alive(node.procs['bob_gi1']) and [m.memory_used_mib for m in _snapshot(node).devices[0].mig_devices] == [
+        6144, 0, 0]
+
+
+def test_release_wait_on_a_mig_device_reports_what_its_driver_keeps(slow_mig_node):
+    sim = slow_mig_node
+    victim, other = _spawn(sim, 0, 2048, 'bob', '1'), _spawn(sim, 0, 1000, 'bob', '2')
+    result = h.run_reclaim_as('bob', sim.state, {'pids': [victim]}, {'timeout': 5, 'release_timeout': 1}, sim.dev_roots)
+    assert [e['pid'] for e in result['killed']] == [victim] and sim.alive(other)
+    (unreleased,) = result['unreleased']
+    assert (unreleased['gpu'], unreleased['unreleased_mib']) == (0, 2048)
+    # bob's process on GI 2 holds the board's device file, but the driver lists it on another MIG device: not the cause
+    assert str(other) not in unreleased['cause'] and 'leak' in unreleased['cause'], unreleased['cause']
 
 
 def test_nvitop_agrees_on_the_instances(node):

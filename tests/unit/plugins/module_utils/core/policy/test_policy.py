@@ -98,6 +98,22 @@ def test_invalid_values_are_named(text, path, fragment):
     assert any(p == path and fragment in why for p, _v, why in exc.errors), exc.errors
 
 
+@pytest.mark.parametrize('key', ['0:1:2:3', '0::1', '0:', ':1'])
+def test_a_malformed_mig_device_key_is_named(key):
+    exc = errors_of('gpus: {"%s": {reserved_for: [alice]}}' % key)
+    assert [(p, v, 'GPU:GI or GPU:GI:CI' in why) for p, v, why in exc.errors] == [('gpus["%s"]' % key, key, True)], exc.errors
+    exc = errors_of('users: {alice: {allowed_gpus: ["1", "%s"]}}' % key)
+    assert any(p == 'users.alice.allowed_gpus' and v == key for p, v, _w in exc.errors), exc.errors
+
+
+def test_mig_device_keys_parse_as_the_selector_writes_them():
+    policy = load('gpus:\n  "0:1": {reserved_for: [alice]}\n  "2:3:1, MIG-GPU-1234abcd/3/1": {blocked_users: [bob]}\n'
+                  'users: {alice: {allowed_gpus: "1, 0:2"}}\n')
+    assert [(r.gpus.mig_names, sorted(r.gpus.indexes)) for r in policy.gpus] == [
+        (('0:1',), []), (('2:3:1', 'mig-gpu-1234abcd/3/1'), [])]
+    assert policy.limits_for('alice', MONDAY_NOON, NO_GROUPS).allowed_gpus.mig_names == ('0:2',)
+
+
 def test_duplicate_yaml_keys_are_an_error():
     exc = errors_of('users:\n  alice: {max_gpus: 1}\n  alice: {max_gpus: 2}\n')
     assert 'duplicate key' in str(exc) and 'alice' in str(exc)
