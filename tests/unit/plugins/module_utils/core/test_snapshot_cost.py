@@ -16,9 +16,9 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli, 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes as P
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.policy import loading
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_cli import (  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_cli import (  # noqa: F401 pylint: disable=unused-import
     fake_host, run)
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.test_gpu_processes import (  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_gpu_processes import (  # noqa: F401 pylint: disable=unused-import
     fake_proc)
 
 CID = '3f4e1a9c0b2d4e6f8a1b3c5d7e9f0a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f'
