@@ -166,5 +166,7 @@ def __getattr__(name):
     raise AttributeError('module %r has no attribute %r' % (__name__, name))
 
 
-__all__ = ['Backend', 'REGISTRY', 'VENDORS', 'PRESENCE_FILES', 'VENDOR_CHOICES', 'Selection', 'select', 'vendor_backend',
-           'NvidiaBackend', 'AmdBackend', 'IntelBackend', 'AppleBackend']
+# The backend classes (NvidiaBackend, AmdBackend, IntelBackend, AppleBackend) are attributes loaded on first use
+# (__getattr__), not listed here: ``import *`` would load every backend.
+__all__ = ['Backend', 'CLASS_NAMES', 'REGISTRY', 'Registry', 'VENDORS', 'PRESENCE_FILES', 'VENDOR_CHOICES', 'Selection', 'select',
+           'vendor_backend']

@@ -75,7 +75,7 @@ __all__ = [
     'rule_no_ml_libs', 'rule_pool_conn', 'rule_pool_host', 'rule_pool_port', 'rule_stratum', 'rule_wallet',
     # the rule set and the rules file
     'RogueConfig', 'CustomRule', 'AllowEntry', 'load_config', 'ALLOW_KEYS', 'MAX_RULES_FILE', 'RULE_KEYS',
-    'SCHEMA_VERSION', 'TOP_KEYS', 'YAML_IMPORT_ERROR',
+    'SCHEMA_VERSION', 'TOP_KEYS',   # and YAML_IMPORT_ERROR, an attribute computed when asked (__getattr__)
     # scoring, the detector and its entry points
     'Detector', 'classify', 'level_index', 'at_least', 'finding_dict', 'summarize', 'detect_snapshot',
     'selector_detector', 'detector_argument_spec', 'detector_options', 'MAX_OUTPUT_ARG', 'MAX_OUTPUT_ARGS',

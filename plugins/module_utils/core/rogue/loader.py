@@ -34,6 +34,7 @@ def __getattr__(name):
         return documents.yaml_import_error()
     raise AttributeError('module %r has no attribute %r' % (__name__, name))
 
+
 SCHEMA_VERSION = 1
 MAX_RULES_FILE = 1024 * 1024
 _ID_RE = re.compile(r'^[A-Za-z][A-Za-z0-9_.-]{0,63}$')
