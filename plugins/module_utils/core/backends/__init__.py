@@ -10,22 +10,67 @@ from __future__ import annotations
 import os
 import sys
 from collections import OrderedDict
+from collections.abc import MutableMapping
 
 from ..errors import InvalidArgument
 from ..model import BackendStatus
-from .amd import AmdBackend
-from .apple import AppleBackend
 from .base import Backend, error_text
-from .intel import IntelBackend
-from .nvidia import NvidiaBackend
 
-# Vendor name -> backend class, in host-wide index order (NVIDIA first keeps nvidia-smi indexes).
-REGISTRY = OrderedDict([
-    ('nvidia', NvidiaBackend),
-    ('amd', AmdBackend),
-    ('intel', IntelBackend),
-    ('apple', AppleBackend),
-])
+# The class each vendor's backend module defines, by vendor name.
+CLASS_NAMES = OrderedDict([('nvidia', 'NvidiaBackend'), ('amd', 'AmdBackend'), ('intel', 'IntelBackend'), ('apple', 'AppleBackend')])
+
+
+def _backend_module(vendor):
+    """Import ``vendor``'s backend module, on first use only: a node imports (compiles) just the vendors it
+    asks for.  The imports are written out so that AnsiballZ still ships every backend with a module."""
+    # pylint: disable=import-outside-toplevel
+    if vendor == 'nvidia':
+        from . import nvidia as module
+    elif vendor == 'amd':
+        from . import amd as module
+    elif vendor == 'intel':
+        from . import intel as module
+    elif vendor == 'apple':
+        from . import apple as module
+    else:
+        raise KeyError(vendor)
+    return module
+
+
+class Registry(MutableMapping):
+    """Vendor name -> backend class, in host-wide index order (NVIDIA first keeps nvidia-smi indexes).
+
+    A built-in vendor's backend module is imported when its class is first looked up; iterating the
+    names (``VENDORS``, ``select()`` for vendors not requested) imports nothing.  Tests may add or
+    replace entries with classes."""
+
+    def __init__(self, names):
+        self._entries = OrderedDict((vendor, None) for vendor in names)
+
+    def __getitem__(self, vendor):
+        cls = self._entries[vendor]
+        if cls is None:
+            cls = self._entries[vendor] = getattr(_backend_module(vendor), CLASS_NAMES[vendor])
+        return cls
+
+    def __setitem__(self, vendor, cls):
+        self._entries[vendor] = cls
+
+    def __delitem__(self, vendor):
+        del self._entries[vendor]
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self):
+        return len(self._entries)
+
+    def loaded(self):
+        """The vendors whose backend class is loaded (imported) so far."""
+        return tuple(vendor for vendor, cls in self._entries.items() if cls is not None)
+
+
+REGISTRY = Registry(CLASS_NAMES)
 VENDORS = tuple(REGISTRY)
 VENDOR_CHOICES = ('auto',) + VENDORS
 # Device files whose presence says a vendor's GPUs are here, whatever its library says; and the
@@ -95,12 +140,12 @@ def select(vendor='auto', factories=None):
     factories = dict(factories or {})
     backends = []
     statuses = OrderedDict()
-    for name, cls in REGISTRY.items():
+    for name in REGISTRY:
         if vendor not in ('auto', name):
             statuses[name] = BackendStatus(name=name, available=False, error='not requested (vendor=%s)' % vendor)
             continue
         try:
-            backend = factories.get(name, cls)()
+            backend = (factories[name] if name in factories else REGISTRY[name])()
         except Exception as exc:  # pylint: disable=broad-except
             statuses[name] = BackendStatus(name=name, available=False, error='could not create the backend: %s' % error_text(exc))
             continue
@@ -113,5 +158,15 @@ def select(vendor='auto', factories=None):
     return Selection(backends, statuses, VENDORS if vendor == 'auto' else (vendor,))
 
 
-__all__ = ['Backend', 'REGISTRY', 'VENDORS', 'PRESENCE_FILES', 'VENDOR_CHOICES', 'Selection', 'select', 'vendor_backend',
-           'NvidiaBackend', 'AmdBackend', 'IntelBackend', 'AppleBackend']
+def __getattr__(name):
+    """``backends.NvidiaBackend`` and the other classes, loaded on first use (PEP 562)."""
+    for vendor, class_name in CLASS_NAMES.items():
+        if name == class_name:
+            return REGISTRY[vendor]
+    raise AttributeError('module %r has no attribute %r' % (__name__, name))
+
+
+# The backend classes (NvidiaBackend, AmdBackend, IntelBackend, AppleBackend) are attributes loaded on first use
+# (__getattr__), not listed here: ``import *`` would load every backend.
+__all__ = ['Backend', 'CLASS_NAMES', 'REGISTRY', 'Registry', 'VENDORS', 'PRESENCE_FILES', 'VENDOR_CHOICES', 'Selection', 'select',
+           'vendor_backend']

@@ -30,6 +30,7 @@ import os
 import time
 from .. import kmod, watchdog, xid as xid_mod
 from . import nvidia_mig
+from .nvidia_mig import nvml_text as _text
 from ..model import RECOVERY_ACTIONS, BackendStatus, Device, bytes_to_mib
 from .base import FAIL, NOT_EXPOSED, PASS, REBOOT_ACTIONS, WARN, Backend, error_text, last_line, recovery_action
 
@@ -83,14 +84,6 @@ class _Never(Exception):
 
 class _GpuLost(Exception):
     """Internal: the GPU answered GPU_IS_LOST; stop reading it."""
-
-
-def _text(value):
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode('utf-8', 'replace')
-    return value.rstrip('\x00').strip() or None
 
 
 class NvidiaBackend(Backend):

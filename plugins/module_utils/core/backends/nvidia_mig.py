@@ -40,7 +40,8 @@ AGGREGATE_NOTE = ('MIG mode: the driver gives the board\'s aggregate memory and 
                   'no permission); the per-instance figures are read from the MIG devices')
 
 
-def _text(value):
+def nvml_text(value):
+    """An NVML string (bytes, NUL-padded) as text; None for an empty or missing one."""
     if value is None:
         return None
     if isinstance(value, bytes):
@@ -103,8 +104,8 @@ def _read_one(backend, dev, handle, mig_handle, index):
     call = backend._call  # pylint: disable=protected-access
     mig.gpu_instance_id = call(dev, 'the GPU instance id of %s' % what, nvml.nvmlDeviceGetGpuInstanceId, mig_handle)
     mig.compute_instance_id = call(dev, 'the compute instance id of %s' % what, nvml.nvmlDeviceGetComputeInstanceId, mig_handle)
-    mig.uuid = _text(call(dev, 'the UUID of %s' % what, nvml.nvmlDeviceGetUUID, mig_handle))
-    mig.profile = profile_of(_text(call(dev, 'the name of %s' % what, nvml.nvmlDeviceGetName, mig_handle)))
+    mig.uuid = nvml_text(call(dev, 'the UUID of %s' % what, nvml.nvmlDeviceGetUUID, mig_handle))
+    mig.profile = profile_of(nvml_text(call(dev, 'the name of %s' % what, nvml.nvmlDeviceGetName, mig_handle)))
     mem = call(dev, 'the memory usage of %s' % what, nvml.nvmlDeviceGetMemoryInfo, mig_handle)
     if mem is not None:
         mig.memory_total_mib = bytes_to_mib(mem.total)

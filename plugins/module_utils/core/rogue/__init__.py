@@ -29,6 +29,7 @@ package (cli, guard, gpu_audit), ``rogue.detector.detect_snapshot`` for ``select
 
 from __future__ import annotations
 
+from ..documents import yaml_import_error
 from ..errors import InvalidArgument
 from . import rules as R
 from .audit import RECORD_SCHEMA, log_findings
@@ -45,10 +46,18 @@ from .facts import (
     ACTIVE_STATES, MAX_ARGS, MAX_EVIDENCE, MAX_EVIDENCE_TEXT, MAX_PARENTS, MAX_SCAN_CHARS, Connection, ProcessFacts,
     is_public)
 from .loader import (
-    ALLOW_KEYS, MAX_RULES_FILE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS, YAML_IMPORT_ERROR, RulesError, load_config)
+    ALLOW_KEYS, MAX_RULES_FILE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS, RulesError, load_config)
 from .procfs import (
     CONTAINER_CONFIGS, MAX_ENV_BYTES, MAX_MAPS_LINES, TCP_STATES, FactsCollector, container_image, parse_environ,
     parse_maps, parse_proc_net_tcp)
+
+
+def __getattr__(name):
+    """YAML_IMPORT_ERROR (as loader's), without importing PyYAML when the package is imported (PEP 562)."""
+    if name == 'YAML_IMPORT_ERROR':
+        return yaml_import_error()
+    raise AttributeError('module %r has no attribute %r' % (__name__, name))
+
 
 __all__ = [
     # data and errors
@@ -66,7 +75,7 @@ __all__ = [
     'rule_no_ml_libs', 'rule_pool_conn', 'rule_pool_host', 'rule_pool_port', 'rule_stratum', 'rule_wallet',
     # the rule set and the rules file
     'RogueConfig', 'CustomRule', 'AllowEntry', 'load_config', 'ALLOW_KEYS', 'MAX_RULES_FILE', 'RULE_KEYS',
-    'SCHEMA_VERSION', 'TOP_KEYS', 'YAML_IMPORT_ERROR',
+    'SCHEMA_VERSION', 'TOP_KEYS',   # and YAML_IMPORT_ERROR, an attribute computed when asked (__getattr__)
     # scoring, the detector and its entry points
     'Detector', 'classify', 'level_index', 'at_least', 'finding_dict', 'summarize', 'detect_snapshot',
     'selector_detector', 'detector_argument_spec', 'detector_options', 'MAX_OUTPUT_ARG', 'MAX_OUTPUT_ARGS',

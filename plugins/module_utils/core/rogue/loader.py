@@ -17,7 +17,7 @@ import datetime
 import ipaddress
 import re
 
-from .. import safe_files, validation
+from .. import documents, safe_files, validation
 from ..errors import GpuFleetError, InvalidArgument, MissingLibrary
 from ..textmatch import compile_regex
 from ..text import clean_text
@@ -26,13 +26,14 @@ from ..validation import DocumentLimitError, Errors, Invalid, join, type_name
 from . import rules as R
 from .config import AllowEntry, CustomRule, RogueConfig
 
-try:
-    import yaml
-    YAML_IMPORT_ERROR = None
-except Exception:  # pylint: disable=broad-except
-    yaml = None
-    import traceback
-    YAML_IMPORT_ERROR = traceback.format_exc()
+
+def __getattr__(name):
+    """YAML_IMPORT_ERROR: why PyYAML cannot be imported (None when it can); PyYAML is imported only when
+    a YAML rules document is read, or this is asked (PEP 562)."""
+    if name == 'YAML_IMPORT_ERROR':
+        return documents.yaml_import_error()
+    raise AttributeError('module %r has no attribute %r' % (__name__, name))
+
 
 SCHEMA_VERSION = 1
 MAX_RULES_FILE = 1024 * 1024
@@ -88,7 +89,10 @@ class _Val(object):
     def _check(self, check, *args):
         """check(value, self.path, *args), its error with the line of this value.  The value of a
         YAML mapping or list node (walked through its nodes) is checked as an empty one."""
-        value = {} if isinstance(self.node, yaml.MappingNode) else [] if isinstance(self.node, yaml.SequenceNode) else self.value
+        value = self.value
+        if self.node is not None:
+            yaml = documents.yaml_module()
+            value = {} if isinstance(self.node, yaml.MappingNode) else [] if isinstance(self.node, yaml.SequenceNode) else value
         try:
             return check(value, self.path, *args)
         except Invalid as exc:
@@ -105,6 +109,7 @@ class _Val(object):
             self.run(validation.only, value, self.path, allowed, None, 'key', True)
             return dict((key, self.child(item, None, key)) for key, item in value.items() if key in allowed)
         out = {}
+        yaml = documents.yaml_module()
         for knode, vnode in self.node.value:
             key = knode.value if isinstance(knode, yaml.ScalarNode) else None
             if not isinstance(key, str) or key not in allowed:
@@ -141,6 +146,7 @@ def _line(node):
 
 def _construct(loader, node):
     """The Python value of a scalar node (mappings and sequences are walked through their nodes)."""
+    yaml = documents.yaml_module()
     if not isinstance(node, yaml.ScalarNode):
         return None
     try:
@@ -152,8 +158,9 @@ def _construct(loader, node):
 
 def _parse_document(text, source):
     """Compose ``text`` (YAML) into a node tree; returns (root _Val, loader)."""
+    yaml = documents.yaml_module()
     if yaml is None:
-        raise MissingLibrary('PyYAML', YAML_IMPORT_ERROR, 'read rogue rules files')
+        raise MissingLibrary('PyYAML', documents.yaml_import_error(), 'read rogue rules files')
     if isinstance(text, bytes):
         try:
             text = text.decode('utf-8')
@@ -161,9 +168,8 @@ def _parse_document(text, source):
             raise RulesError(source, None, None, 'not UTF-8 text: %s' % exc)
     if len(text) > MAX_RULES_FILE:
         raise RulesError(source, None, None, 'larger than %d bytes' % MAX_RULES_FILE)
-    from ..policy import yaml_loader  # pylint: disable=import-outside-toplevel
     try:
-        loader = yaml_loader()(text)   # the policy's loader: the same nesting and alias limits
+        loader = documents.yaml_loader()(text)   # the policy's loader: the same nesting and alias limits
     except yaml.YAMLError as exc:
         raise RulesError(source, None, None, 'not valid YAML: %s' % clean_text(exc, 300))
     try:
@@ -198,7 +204,7 @@ def load_config(rules_file=None, rules=None, text=None, now=None, checked=False)
     """
     config = RogueConfig()
     now = now if now is not None else datetime.datetime.now(datetime.timezone.utc)
-    documents = []
+    sources = []
     if rules_file:
         try:
             if checked:
@@ -208,15 +214,15 @@ def load_config(rules_file=None, rules=None, text=None, now=None, checked=False)
                     data = handle.read(MAX_RULES_FILE + 1)
         except OSError as exc:
             raise RulesError(rules_file, None, None, 'cannot read the rules file: %s' % (exc.strerror or exc))
-        documents.append((data, rules_file))
+        sources.append((data, rules_file))
     if text is not None:
-        documents.append((text, '<rules text>'))
-    for data, source in documents:
-        if source == rules_file and _policy().document_format(source) in ('json', 'toml'):
+        sources.append((text, '<rules text>'))
+    for data, source in sources:
+        if source == rules_file and documents.document_format(source) in ('json', 'toml'):
             # JSON and TOML by their own parsers (no lines for the fields); YAML through its nodes, with lines
             try:
-                doc = _policy().read_document(data, source)
-            except _policy().PolicyError as exc:
+                doc = documents.read_document(data, source)
+            except documents.PolicyError as exc:
                 raise RulesError(source, None, None, exc.errors[0][2])  # a line it names is in the text, with the column
             if doc is not None:
                 _apply_all(config, _Val(doc, None, '', source), now)
@@ -233,11 +239,6 @@ def load_config(rules_file=None, rules=None, text=None, now=None, checked=False)
     if rules:
         _apply_all(config, _Val(rules, None, '', 'rules (inline)'), now)
     return config
-
-
-def _policy():
-    from .. import policy  # pylint: disable=import-outside-toplevel
-    return policy
 
 
 def _apply_all(config, root, now):

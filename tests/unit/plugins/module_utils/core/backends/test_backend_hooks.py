@@ -10,6 +10,8 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -57,6 +59,34 @@ def test_device_file_naming_per_vendor():
     assert not amd.shared_device_file('/dev/nvidiactl') and not apple.shared_device_file('/dev/kfd')
     assert [v for v in backends.VENDORS if backends.vendor_backend(v).xid_log] == ['nvidia']
     assert reset.TOOLS == ('nvidia-smi', 'amd-smi', 'xpu-smi', 'systemctl', 'scontrol')
+
+
+LAZY = """
+import sys
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import backends, snapshot
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends.base import Backend
+def loaded():
+    return sorted(m.rsplit('.', 1)[-1] for m in sys.modules if '.core.backends.' in m)
+class Fake(Backend):
+    name = 'intel'
+    def probe(self):
+        return None
+print(loaded())
+print(loaded(), sorted(backends.select('intel', factories={'intel': Fake}).statuses))
+print(backends.vendor_backend('nvidia').__name__, backends.AmdBackend.__name__, loaded(), backends.REGISTRY.loaded())
+"""
+
+
+def test_a_backend_module_is_imported_only_when_its_vendor_is_asked_for():
+    """Issue #21: a node imports (compiles) only the backends it uses; AnsiballZ still ships them all."""
+    out = subprocess.run([sys.executable, '-c', LAZY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)), timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "['base']",
+        "['base'] ['amd', 'apple', 'intel', 'nvidia']",
+        "NvidiaBackend AmdBackend ['amd', 'base', 'nvidia', 'nvidia_mig'] ('nvidia', 'amd')",
+    ]
 
 
 def test_an_unknown_vendor_is_named():

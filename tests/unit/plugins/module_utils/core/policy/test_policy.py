@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import documents
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import identity as I
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.history import SampleStore
@@ -144,7 +145,7 @@ def test_nesting_past_the_limit_is_a_clean_policy_error(text, source):
 
 
 def test_nesting_past_the_limit_without_pyyaml(monkeypatch):
-    monkeypatch.setattr(P.loading, 'yaml_module', lambda: None)            # JSON only
+    monkeypatch.setattr(documents, 'yaml_module', lambda: None)            # JSON only
     for text in ('{"a": ' * 5000 + '1' + '}' * 5000, '[' * 100000 + ']' * 100000):
         assert TOO_DEEP in str(errors_of(text))
 
@@ -408,7 +409,7 @@ def test_toml_is_read_by_tomllib_or_tomli():
 
 
 def test_toml_without_tomllib_or_tomli_names_the_package(monkeypatch):
-    monkeypatch.setattr(P.loading, '_TOML', [None])
+    monkeypatch.setattr(documents, '_TOML', [None])
     with pytest.raises(P.PolicyError) as info:
         P.load_policy_text('mode = "warn"\n', 'policy.toml')
     assert str(info.value) == 'policy.toml: ' + P.TOML_MISSING and 'install tomli' in P.TOML_MISSING
@@ -840,7 +841,7 @@ def test_policy_cache_skips_parsing_until_the_file_changes(tmp_path, monkeypatch
 
     def no_parsing(*_args):
         raise AssertionError('the cached document should have been used')
-    monkeypatch.setattr(P.loading, '_read_document', no_parsing)
+    monkeypatch.setattr(documents, '_read_document', no_parsing)
     second = P.load_policy_cached(str(path), cache)
     assert second.mode == 'enforce' and second.users == first.users
     assert second.exemptions[0].expires == first.exemptions[0].expires
