@@ -16,7 +16,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import const
 CORE = os.path.dirname(inspect.getfile(constants))
 PLUGINS = os.path.dirname(os.path.dirname(CORE))
 MAX_LINES = 800
-LEAVES = ('constants', 'errors', 'text', 'textmatch', 'units', 'validation', 'safe_files', 'model')
+LEAVES = ('constants', 'errors', 'text', 'textmatch', 'units', 'validation', 'documents', 'safe_files', 'model')
 
 
 def core_files():
