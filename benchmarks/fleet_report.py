@@ -101,7 +101,7 @@ def synthetic_records(nodes, gpus=GPUS, seed=21):
                 processes.append({'pid': pid, 'user': user, 'uid': 1000 + USERS.index(user), 'name': 'python',
                                   'cmdline': ['python', 'train.py', '--run', '%s-%d' % (user, pid)], 'used_mib': used,
                                   'gpu_indexes': [index], 'status': 'sleeping', 'create_time': 1796000000.0 + pid,
-                                  'container': None, 'slurm_job': str(100000 + n) if rng.random() < 0.5 else None})
+                                  'container': None, 'slurm_job': str(100000 + n) if rng.random() < 0.5 else None, 'mig': None})
             held = sum(p['used_mib'] for p in processes if p['pid'] in owners)
             orphaned = rng.choice((0,) * 60 + (4096,))
             sick = rng.random() < 0.01
@@ -114,7 +114,7 @@ def synthetic_records(nodes, gpus=GPUS, seed=21):
                 'processes': owners, 'xid_events': [],
                 'health': {'status': 'degraded' if sick else 'ok', 'recommended_action': 'reset' if sick else 'none',
                            'reasons': ['Xid 79: GPU has fallen off the bus'] if sick else []},
-                'health_reasons': [], 'recovery_action': None})
+                'health_reasons': [], 'recovery_action': None, 'mig_mode': False, 'mig_devices': []})
         facts = {'backends': {'nvidia': {'available': True, 'error': None, 'version': '580.159.04'}},
                  'devices': devices, 'processes': processes, 'holders': [], 'driver_hung': None}
         records.append({'host': host, 'status': 'ok', 'msg': '', 'gpu': facts})
