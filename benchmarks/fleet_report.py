@@ -64,7 +64,7 @@ PROBE = r'''<script>
     }
     out.scroll_steps_ms = steps;
     var last = cards.length ? cards[cards.length - 1].querySelector('h3').textContent.trim().split(/\s+/)[0] : 'none';
-    t = now(); out.find_found = window.find(last); out.find_ms = now() - t;
+    t = now(); out.find_found = window.find(last, false, false, true); out.find_ms = now() - t;
     t = now();
     for (i = 0; i < cards.length; i++) { if (cards[i].textContent.indexOf('-07') < 0) { cards[i].style.display = 'none'; } }
     layout(); out.filter_ms = now() - t;
