@@ -63,10 +63,11 @@ PROBE = r'''<script>
       t = now(); window.scrollTo(0, height * i / 20); layout(); document.elementFromPoint(200, 200); steps.push(now() - t);
     }
     out.scroll_steps_ms = steps;
-    var last = cards.length ? cards[cards.length - 1].querySelector('h3').textContent.trim().split(/\s+/)[0] : 'none';
+    function host(card) { return card.querySelector('h3 span').textContent; }
+    var last = cards.length ? host(cards[cards.length - 1]) : 'none';
     t = now(); out.find_found = window.find(last, false, false, true); out.find_ms = now() - t;
     t = now();
-    for (i = 0; i < cards.length; i++) { if (cards[i].textContent.indexOf('-07') < 0) { cards[i].style.display = 'none'; } }
+    for (i = 0; i < cards.length; i++) { if (host(cards[i]).indexOf('-07') < 0) { cards[i].style.display = 'none'; } }
     layout(); out.filter_ms = now() - t;
     t = now();
     for (i = 0; i < cards.length; i++) { cards[i].style.display = ''; }
