@@ -129,6 +129,30 @@ def test_values_stay_raw_in_the_rows_and_the_page_escapes_them():
     assert '<details' not in html[html.index('id="node-node&lt;2&gt;"'):]
 
 
+def _page(recs):
+    rows = fleet_rows(recs)
+    return _report_env().get_template('report.html.j2').render(
+        gpufleet_records=recs, gpufleet_gpus=rows['gpus'], gpufleet_procs=rows['procs'], gpufleet_holders=rows['holders'],
+        gpufleet_users=rows['users'], gpufleet_idle=rows['idle'], gpufleet_orphaned=rows['orphaned'],
+        gpufleet_unhealthy=rows['unhealthy'], gpufleet_totals=rows['totals'], gpufleet_generated='2026-01-01T00:00:00Z',
+        gpufleet_top=10, gpufleet_idle_util_pct=5, gpufleet_idle_min_mib=1024)
+
+
+def test_a_large_fleet_comes_in_pages_of_nodes_and_long_tables_open_under_n_more():
+    idle = {'devices': [device(0, 130 * GIB, list(range(1, 131)))],
+            'processes': [process(pid, 'u%d' % pid, GIB, [0]) for pid in range(1, 131)], 'holders': []}
+    recs = [{'host': 'n%03d' % n, 'status': 'ok' if n == 0 else 'unreachable', 'msg': 'down', 'gpu': idle if n == 0 else None}
+            for n in range(251)]
+    html = _page(recs)
+    assert html.count('<article class="node') == 251 and html.count('class="nodes page"') == 2
+    assert '<a href="#nodes-1">n000 …</a>' in html and '<a href="#nodes-2">n250 …</a>' in html
+    assert html.index('id="node-n249"') < html.index('id="nodes-2"') < html.index('id="node-n250"')
+    # 130 idle holders: 100 rows shown, 30 under "30 more", every one of them in the page
+    assert '<summary>30 more</summary>' in html and all('<td class="num">%d</td>' % pid in html for pid in range(1, 131))
+    # one page: no page links
+    assert '<nav class="pages"' not in _page(recs[:250]) and '<summary>30 more</summary>' in _page(recs[:1])
+
+
 @pytest.mark.parametrize('bad, needle', [
     ('node1', 'must be a list'),
     ([{'status': 'ok'}], 'must be a mapping with a host'),
