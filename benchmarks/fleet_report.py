@@ -94,7 +94,7 @@ def synthetic_records(nodes, gpus=GPUS, seed=21):
             total = 81559
             util = rng.choice((0, 0, 3, 35, 60, 88, 97, 100))
             owners = []
-            for _ in range(rng.choice((0, 1, 1, 1, 2, 3))):
+            for _slot in range(rng.choice((0, 1, 1, 1, 2, 3))):
                 pid += rng.randint(1, 400)
                 user = rng.choice(USERS)
                 used = rng.choice((512, 2048, 8192, 20480, 40960))

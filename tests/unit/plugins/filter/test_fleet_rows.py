@@ -38,8 +38,8 @@ def records():
             'memory_total_mib': 40 * GIB, 'processes': [{'pid': 12}]},
            {'gpu_instance_id': 2, 'compute_instance_id': 0, 'profile': '3g.40gb', 'uuid': 'MIG-2', 'memory_used_mib': None,
             'memory_total_mib': 40 * GIB}]
-    node1 = {'devices': [device(0, 6 * GIB, [10, 11], util=0), device(1, 20 * GIB + 4 * GIB, [12], util=90, orphaned=4 * GIB,
-                                                                       mig_mode='enabled', mig_devices=mig)],
+    gpu1 = device(1, 20 * GIB + 4 * GIB, [12], util=90, orphaned=4 * GIB, mig_mode='enabled', mig_devices=mig)
+    node1 = {'devices': [device(0, 6 * GIB, [10, 11], util=0), gpu1],
              'processes': [process(10, 'alice', 2 * GIB, [0]), process(11, 'bob', 4 * GIB, [0], container={'id': 'c0ffee'}),
                            process(12, 'alice', 20 * GIB, [1], slurm_job='42')],
              'holders': [{'pid': 99, 'user': 'eve', 'name': 'sleep', 'cmdline': ['sleep', '9'], 'devices': ['/dev/nvidia0']}]}
@@ -71,8 +71,8 @@ def test_one_row_per_gpu_with_its_top_process_percentages_and_mig_slices():
 
 def test_one_row_per_process_with_idle_decided_by_its_gpus_utilization():
     procs = fleet_rows(records(), idle_util_pct=5, idle_min_mib=GIB)['procs']
-    assert [(p['host'], p['pid'], p['user']) for p in procs] == [('node1', 10, 'alice'), ('node1', 11, 'bob'), ('node1', 12, 'alice'),
-                                                                  ('node2', 20, '?')]
+    expected = [('node1', 10, 'alice'), ('node1', 11, 'bob'), ('node1', 12, 'alice'), ('node2', 20, '?')]
+    assert [(p['host'], p['pid'], p['user']) for p in procs] == expected
     p10, p11, p12, p20 = procs
     assert (p10['idle'], p10['gpu_util_pct'], p10['cmd']) == (True, 0, 'python train.py')
     assert (p11['idle'], p11['container']) == (True, 'c0ffee')
