@@ -123,9 +123,9 @@ def test_values_stay_raw_in_the_rows_and_the_page_escapes_them():
     assert not unsafe_in(html, allow='\n'), unsafe_in(html, allow='\n')
     assert '<script>' not in html and '&lt;script&gt;alert(1)&lt;/script&gt;' in html and '&lt;b&gt;H100&lt;/b&gt;\\u202e' in html
     assert 'mallory\\x1b[2J' in html and 'id="node-node&lt;2&gt;"' in html and 'ssh \\x1b[31m&lt;down&gt;' in html
-    # node1's GPUs are in a closed section under its name; the unreachable node shows its reason without one
+    # node1's GPUs are in a section under its name (open in a small fleet); the unreachable node shows its reason without one
     node1 = html[html.index('id="node-node1"'):html.index('id="node-node&lt;2&gt;"')]
-    assert '<details>' in node1 and '<summary>' in node1 and 'GPU 0' in node1
+    assert '<details open>' in node1 and '<summary>' in node1 and 'GPU 0' in node1
     assert '<details' not in html[html.index('id="node-node&lt;2&gt;"'):]
 
 
@@ -148,6 +148,7 @@ def test_a_large_fleet_comes_in_pages_of_nodes_and_long_tables_open_under_n_more
     assert '<a href="#nodes-1">n000 …</a>' in html and '<a href="#nodes-2">n250 …</a>' in html
     assert html.index('id="node-n249"') < html.index('id="nodes-2"') < html.index('id="node-n250"')
     # 130 idle holders: 100 rows shown, 30 under "30 more", every one of them in the page
+    assert '<details>\n<summary><h3><span>n000</span>' in html      # past 50 nodes a node's GPUs start closed
     assert '<summary>30 more</summary>' in html and all('<td class="num">%d</td>' % pid in html for pid in range(1, 131))
     # one page: no page links
     assert '<nav class="pages"' not in _page(recs[:250]) and '<summary>30 more</summary>' in _page(recs[:1])
