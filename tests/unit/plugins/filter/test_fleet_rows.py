@@ -144,7 +144,7 @@ def test_a_large_fleet_comes_in_pages_of_nodes_and_long_tables_open_under_n_more
     recs = [{'host': 'n%03d' % n, 'status': 'ok' if n == 0 else 'unreachable', 'msg': 'down', 'gpu': idle if n == 0 else None}
             for n in range(251)]
     html = _page(recs)
-    assert html.count('<article class="node') == 251 and html.count('class="nodes page"') == 2
+    assert html.count('<article class="node') == 251 and html.count('class="nodes page many"') == 2
     assert '<a href="#nodes-1">n000 …</a>' in html and '<a href="#nodes-2">n250 …</a>' in html
     assert html.index('id="node-n249"') < html.index('id="nodes-2"') < html.index('id="node-n250"')
     # 130 idle holders: 100 rows shown, 30 under "30 more", every one of them in the page
