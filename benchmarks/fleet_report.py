@@ -6,10 +6,11 @@
 
 No node is contacted: every node's record (``host``, ``status``, ``msg`` and ``gpu``, the node's
 ``ansible_facts.gpu`` as docs/design/contracts.md describes it, 8 GPUs) is made here and handed to
-Ansible as inventory variables (``gpufleet_node`` of each host of the ``gpufleet_inventory_report``
-group, which is what the playbook's first play leaves behind), and the real playbook
-(``gpufleet.reclaim.inventory_report`` imported by a one-line driver, its node play matching no
-host) renders fleet.json, fleet.csv and index.html with its own tasks, template and filters.
+Ansible as inventory variables (``gpufleet_scan`` of each host of the ``gpufleet_bench_nodes``
+group: the result the playbook's node play registers, ``ansible_facts.gpu`` or ``unreachable``),
+and the real playbook (``gpufleet.reclaim.inventory_report`` imported by a one-line driver, run with
+``--limit localhost`` so its node play matches no host) renders fleet.json, fleet.csv and index.html
+with its own tasks, templates and filters.
 
 Measured: wall and CPU time and peak RSS of ``ansible-playbook`` (wait4: the controller and its
 forks), the size of the three files, and the page in headless Chromium: a copy of index.html
@@ -62,10 +63,11 @@ PROBE = r'''<script>
       t = now(); window.scrollTo(0, height * i / 20); layout(); document.elementFromPoint(200, 200); steps.push(now() - t);
     }
     out.scroll_steps_ms = steps;
-    var last = cards.length ? cards[cards.length - 1].querySelector('h3').textContent.trim().split(/\s+/)[0] : 'none';
-    t = now(); out.find_found = window.find(last); out.find_ms = now() - t;
+    function host(card) { return card.querySelector('h3 span').textContent; }
+    var last = cards.length ? host(cards[cards.length - 1]) : 'none';
+    t = now(); out.find_found = window.find(last, false, false, true); out.find_ms = now() - t;
     t = now();
-    for (i = 0; i < cards.length; i++) { if (cards[i].textContent.indexOf('-07') < 0) { cards[i].style.display = 'none'; } }
+    for (i = 0; i < cards.length; i++) { if (host(cards[i]).indexOf('-07') < 0) { cards[i].style.display = 'none'; } }
     layout(); out.filter_ms = now() - t;
     t = now();
     for (i = 0; i < cards.length; i++) { cards[i].style.display = ''; }
@@ -92,7 +94,7 @@ def synthetic_records(nodes, gpus=GPUS, seed=21):
             total = 81559
             util = rng.choice((0, 0, 3, 35, 60, 88, 97, 100))
             owners = []
-            for _owner in range(rng.choice((0, 1, 1, 1, 2, 3))):
+            for _slot in range(rng.choice((0, 1, 1, 1, 2, 3))):
                 pid += rng.randint(1, 400)
                 user = rng.choice(USERS)
                 used = rng.choice((512, 2048, 8192, 20480, 40960))
@@ -120,10 +122,21 @@ def synthetic_records(nodes, gpus=GPUS, seed=21):
     return records
 
 
+def registered(record):
+    """The result the playbook's node play registers (``gpufleet_scan``) for ``record``."""
+    if record['status'] == 'unreachable':
+        return {'unreachable': True, 'changed': False, 'msg': record['msg']}
+    if record['status'] != 'ok':
+        return {'failed': True, 'changed': False, 'msg': record['msg']}
+    return {'changed': False, 'ansible_facts': {'gpu': record['gpu']}}
+
+
 def write_inventory(records, work):
     """A script inventory (JSON is read far faster than YAML) holding every node's record as a host variable."""
-    data = {'_meta': {'hostvars': dict((r['host'], {'gpufleet_node': r, 'ansible_connection': 'local'}) for r in records)},
-            'gpufleet_inventory_report': {'hosts': [r['host'] for r in records]}}
+    data = {'_meta': {'hostvars': dict((r['host'], {'gpufleet_scan': registered(r), 'ansible_connection': 'local'}) for r in records)},
+            'gpufleet_bench_nodes': {'hosts': [r['host'] for r in records]}, 'gpufleet_bench_controller': {'hosts': ['localhost']}}
+    # the controller in the inventory, so that --limit localhost leaves the node play nothing to run on
+    data['_meta']['hostvars']['localhost'] = {'ansible_connection': 'local', 'ansible_python_interpreter': sys.executable}
     path = os.path.join(work, 'inventory.json')
     with open(path, 'w') as handle:
         json.dump(data, handle, separators=(',', ':'))
@@ -147,7 +160,7 @@ def render(nodes, work, collections, timeout=1800):
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=collections, ANSIBLE_NOCOLOR='1', ANSIBLE_HOST_KEY_CHECKING='False',
                ANSIBLE_INVENTORY_ENABLED='script', ANSIBLE_LOCALHOST_WARNING='False', ANSIBLE_RETRY_FILES_ENABLED='False')
     argv = [os.path.join(os.path.dirname(sys.executable), 'ansible-playbook'), '-i', inventory, driver,
-            '-e', 'target_hosts=gpufleet_no_node_play', '-e', 'report_dir=%s' % report_dir]
+            '--limit', 'localhost', '-e', 'target_hosts=gpufleet_bench_nodes', '-e', 'report_dir=%s' % report_dir]
     meas = common.run_child(argv, env=env, timeout=timeout)
     result = {'nodes': nodes, 'gpus': sum(len(r['gpu']['devices']) for r in records if r['gpu']),
               'processes': sum(len(r['gpu']['processes']) for r in records if r['gpu']),
@@ -158,6 +171,11 @@ def render(nodes, work, collections, timeout=1800):
         return result
     for name in ('index.html', 'fleet.json', 'fleet.csv'):
         result['files'][name] = os.path.getsize(os.path.join(report_dir, name)) / 1048576.0
+    with open(os.path.join(report_dir, 'fleet.json'), encoding='utf-8') as handle:
+        result['totals'] = json.load(handle)['totals']
+    if result['totals']['nodes'] != len(records):
+        result['error'] = 'the report lists %d of %d nodes' % (result['totals']['nodes'], len(records))
+        return result
     result['html'] = os.path.join(report_dir, 'index.html')
     return result
 

@@ -1,0 +1,216 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) gpufleet.reclaim contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: fleet_rows
+short_description: The fleet report's rows, offenders and totals from the node records, in one pass
+version_added: 0.2.0
+description:
+  - Takes the node records of C(inventory_report) (P(gpufleet.reclaim.fleet_records#filter) with workflow
+    V(inventory_report)) and returns what the report is written from, in time linear in the number of GPUs and
+    processes (the Jinja loops it replaces copied whole lists for every row).
+  - C(gpus) has one row per GPU of every node read (C(host), the device's fields, C(health), C(recommended_action),
+    C(reasons), C(processes) (how many), C(top_user), C(top_pid), C(top_used_mib) (the process holding most memory),
+    C(used_pct), C(proc_pct), C(orphan_pct) and C(mig), one entry per MIG instance).
+  - C(procs) has one row per GPU process (C(host), C(pid), C(user) (V(?) when unknown), C(name), C(cmd), C(used_mib),
+    C(gpus), C(gpu_util_pct) (the busiest of its GPUs; V(null) when one is unknown), C(idle), C(container),
+    C(slurm_job), C(status)); C(holders) one row per holder of a GPU device file that the driver does not list, with C(host)
+    and C(cmd).
+  - C(users) (per user, by GPU memory), C(idle) (idle holders by memory), C(orphaned) (GPUs with orphaned memory, by
+    that memory), C(unhealthy) (GPUs whose health is not V(ok)) and C(totals) (the counts and sums the report's summary,
+    fleet.json and the job artifacts show).
+  - Node values are returned as they are (command lines already redacted by P(gpufleet.reclaim.fleet_records#filter));
+    escape them for display (P(gpufleet.reclaim.printable#filter)).
+positional: _input
+options:
+  _input:
+    description: The node records (C(host), C(status), C(msg) and C(gpu), the node's C(ansible_facts.gpu) or V(null)).
+    type: list
+    elements: dict
+    required: true
+  idle_util_pct:
+    description: A GPU at or below this utilization counts as idle.
+    type: int
+    default: 5
+  idle_min_mib:
+    description: An idle holder holds at least this much GPU memory.
+    type: int
+    default: 1024
+author:
+  - gpufleet.reclaim developers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: The report's rows, offenders and totals
+  ansible.builtin.set_fact:
+    fleet: "{{ records | gpufleet.reclaim.fleet_rows(idle_util_pct=5, idle_min_mib=1024) }}"
+
+- name: Fleet summary
+  ansible.builtin.debug:
+    msg: "{{ fleet.totals.gpus }} GPU(s), {{ fleet.totals.idle_holders }} idle holder(s)"
+"""
+
+RETURN = r"""
+_value:
+  description: The report's rows and totals.
+  type: dict
+  contains:
+    gpus:
+      description: One row per GPU.
+      type: list
+      elements: dict
+    procs:
+      description: One row per GPU process.
+      type: list
+      elements: dict
+    holders:
+      description: One row per holder of a GPU device file that the driver does not list.
+      type: list
+      elements: dict
+    users:
+      description: One row per user (C(user), C(used_mib), C(idle_mib), C(processes), C(gpus), C(nodes)), by C(used_mib).
+      type: list
+      elements: dict
+    idle:
+      description: The rows of C(procs) that are idle holders, by C(used_mib).
+      type: list
+      elements: dict
+    orphaned:
+      description: The rows of C(gpus) with orphaned memory, by C(orphaned_mib).
+      type: list
+      elements: dict
+    unhealthy:
+      description: The rows of C(gpus) whose health is not V(ok).
+      type: list
+      elements: dict
+    totals:
+      description: C(nodes), C(nodes_ok), C(nodes_unreachable), C(nodes_failed), C(gpus), C(memory_total_mib),
+        C(memory_used_mib), C(orphaned_mib), C(idle_mib), C(processes), C(users), C(unhealthy_gpus), C(idle_holders),
+        C(orphan_holders).
+      type: dict
+"""
+
+from collections.abc import Mapping
+
+from ansible.errors import AnsibleFilterError
+
+
+def _pct(part, whole):
+    return round(part * 100.0 / whole, 1)
+
+
+def _cmd(entry):
+    return ' '.join(str(arg) for arg in entry.get('cmdline') or []) or entry.get('name') or ''
+
+
+def _mig_row(dev, mig, total):
+    used, size = mig.get('memory_used_mib'), mig.get('memory_total_mib')
+    return {'unit': '%s:%s' % (dev.get('index'), mig.get('gpu_instance_id')), 'gpu_instance_id': mig.get('gpu_instance_id'),
+            'compute_instance_id': mig.get('compute_instance_id'), 'profile': mig.get('profile'), 'uuid': mig.get('uuid'),
+            'memory_used_mib': used, 'memory_total_mib': size, 'processes': len(mig.get('processes') or []),
+            'width_pct': _pct(size, total) if (size and total) else 0,
+            'used_pct': _pct(used, size) if (used is not None and size) else None}
+
+
+def _gpu_row(host, dev, processes):
+    pids = set(dev.get('processes') or [])
+    mine = [proc for proc in processes if proc.get('pid') in pids]     # one node's processes: a few, never the fleet's
+    top, top_mib = None, -1
+    for proc in mine:
+        if (proc.get('used_mib') or 0) > top_mib:
+            top, top_mib = proc, proc.get('used_mib') or 0
+    total, used = dev.get('memory_total_mib'), dev.get('memory_used_mib')
+    orphaned = dev.get('orphaned_mib') if dev.get('orphaned_mib') is not None else 0
+    health = dev.get('health') or {}
+    known = used is not None and total
+    return {'host': host, 'index': dev.get('index'), 'name': dev.get('name'), 'uuid': dev.get('uuid'),
+            'pci_bus_id': dev.get('pci_bus_id'), 'vendor': dev.get('vendor'),
+            'memory_total_mib': total, 'memory_used_mib': used, 'memory_free_mib': dev.get('memory_free_mib'),
+            'orphaned_mib': dev.get('orphaned_mib'), 'utilization_pct': dev.get('utilization_pct'),
+            'temperature_c': dev.get('temperature_c'), 'power_w': dev.get('power_w'),
+            'health': health.get('status'), 'recommended_action': health.get('recommended_action'),
+            'reasons': health.get('reasons', []), 'processes': len(mine),
+            'top_user': top.get('user') if top else None, 'top_pid': top.get('pid') if top else None,
+            'top_used_mib': top.get('used_mib') if top else None,
+            'used_pct': _pct(used, total) if known else None,
+            'proc_pct': _pct(used - orphaned, total) if known else None,
+            'orphan_pct': _pct(orphaned, total) if known else None,
+            'mig_mode': dev.get('mig_mode'),
+            'mig': [_mig_row(dev, mig, total) for mig in dev.get('mig_devices') or []]}
+
+
+def _proc_row(host, proc, utils, idle_util_pct, idle_min_mib):
+    gpus = proc.get('gpu_indexes', [])
+    pu = [utils.get(index) for index in gpus]
+    known = bool(pu) and None not in pu
+    used = proc.get('used_mib')
+    container = proc.get('container')
+    return {'host': host, 'pid': proc.get('pid'), 'user': proc.get('user') if proc.get('user') is not None else '?',
+            'name': proc.get('name'), 'cmd': _cmd(proc), 'used_mib': used, 'gpus': gpus,
+            'gpu_util_pct': max(pu) if known else None,
+            'idle': known and max(pu) <= idle_util_pct and used is not None and used >= idle_min_mib,
+            'container': container.get('id') if container else None,
+            'slurm_job': proc.get('slurm_job'), 'status': proc.get('status')}
+
+
+def _users(procs):
+    """Per user: memory, idle memory, processes, distinct (GPUs, node) pairs and nodes; by memory, then user name.
+
+    User and host names are compared exactly (the Jinja this replaces grouped them without regard to case)."""
+    acc = {}
+    for row in procs:
+        user = acc.setdefault(row['user'], {'user': row['user'], 'used_mib': 0, 'processes': 0, 'gpus': set(), 'nodes': set(),
+                                            'idle_mib': 0})
+        user['used_mib'] += row['used_mib'] or 0
+        user['idle_mib'] += (row['used_mib'] or 0) if row['idle'] else 0
+        user['processes'] += 1
+        user['gpus'].add((tuple(row['gpus']), row['host']))
+        user['nodes'].add(row['host'])
+    rows = [dict(user, gpus=len(user['gpus']), nodes=len(user['nodes'])) for _name, user in sorted(acc.items(), key=lambda item: str(item[0]))]
+    return sorted(rows, key=lambda row: row['used_mib'], reverse=True)
+
+
+def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024):
+    if not isinstance(records, (list, tuple)):
+        raise AnsibleFilterError('fleet_rows: the node records must be a list, got %s' % type(records).__name__)
+    try:
+        idle_util_pct, idle_min_mib = int(idle_util_pct), int(idle_min_mib)
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError('fleet_rows: idle_util_pct and idle_min_mib must be integers: %s' % exc)
+    gpus, procs, holders = [], [], []
+    status = {'ok': 0, 'unreachable': 0}
+    for node in records:
+        if not isinstance(node, Mapping) or 'host' not in node:
+            raise AnsibleFilterError('fleet_rows: a node record must be a mapping with a host, got %r' % (node,))
+        host = node['host']
+        status[node.get('status')] = status.get(node.get('status'), 0) + 1
+        facts = node.get('gpu')
+        if not facts:
+            continue
+        devices, processes = facts.get('devices') or [], facts.get('processes') or []
+        utils = dict((dev.get('index'), dev.get('utilization_pct')) for dev in devices)
+        gpus.extend(_gpu_row(host, dev, processes) for dev in devices)
+        procs.extend(_proc_row(host, proc, utils, idle_util_pct, idle_min_mib) for proc in processes)
+        holders.extend(dict(holder, host=host, cmd=_cmd(holder)) for holder in facts.get('holders') or [])
+    users = _users(procs)
+    idle = sorted((row for row in procs if row['idle']), key=lambda row: row['used_mib'], reverse=True)
+    orphaned = sorted((row for row in gpus if row['orphaned_mib']), key=lambda row: row['orphaned_mib'], reverse=True)
+    unhealthy = [row for row in gpus if row['health'] != 'ok']
+    totals = {'nodes': len(records), 'nodes_ok': status['ok'], 'nodes_unreachable': status['unreachable'],
+              'nodes_failed': len(records) - status['ok'] - status['unreachable'], 'gpus': len(gpus),
+              'memory_total_mib': sum(row['memory_total_mib'] or 0 for row in gpus),
+              'memory_used_mib': sum(row['memory_used_mib'] or 0 for row in gpus),
+              'orphaned_mib': sum(row['orphaned_mib'] or 0 for row in gpus),
+              'idle_mib': sum(row['used_mib'] or 0 for row in idle), 'processes': len(procs), 'users': len(users),
+              'unhealthy_gpus': len(unhealthy), 'idle_holders': len(idle), 'orphan_holders': len(holders)}
+    return {'gpus': gpus, 'procs': procs, 'holders': holders, 'users': users, 'idle': idle, 'orphaned': orphaned,
+            'unhealthy': unhealthy, 'totals': totals}
+
+
+class FilterModule(object):
+    def filters(self):
+        return {'fleet_rows': fleet_rows}
