@@ -16,7 +16,7 @@ description:
     readable history), C(user) (a job's users, space-separated), C(job), C(gpu_index), C(gpu_uuid), C(gpu_hours),
     C(busy_gpu_hours), C(idle_gpu_hours), C(first_seen), C(last_seen) (UTC, ISO 8601) and C(message)."
   - Numbers are written as they are and unknown values as empty cells. Every text cell is quoted, its control, line break
-    and bidi characters escaped visibly (as M(gpufleet.reclaim.printable) does), and text that starts with C(=), C(+), C(-) or
+    and bidi characters escaped visibly (as P(gpufleet.reclaim.printable#filter) does), and text that starts with C(=), C(+), C(-) or
     C(@) gets a leading apostrophe, so that a user name cannot start a formula in a spreadsheet (CSV injection).
 positional: _input
 options:

@@ -16,7 +16,7 @@ description:
     with its C(users) and C(nodes)) and C(gpus) (one row per node and GPU, with C(host)); each list by GPU-hours.
   - Every figure is C(gpu_hours), C(busy_gpu_hours) and C(idle_gpu_hours); the sums over users, over GPUs and over jobs
     plus unattributed agree as they do on each node (see C(docs/audit-schema.md)).
-  - The values are the nodes' data, returned as they are; escape them for display (M(gpufleet.reclaim.printable)).
+  - The values are the nodes' data, returned as they are; escape them for display (P(gpufleet.reclaim.printable#filter)).
 positional: _input
 options:
   _input:
