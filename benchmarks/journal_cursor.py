@@ -77,7 +77,7 @@ def measure(fn):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n', maxsplit=1)[0])
     parser.add_argument('--reps', type=int, default=20)
     parser.add_argument('--lines', type=int, default=20000)
     parser.add_argument('--new', type=int, default=50)
@@ -133,7 +133,7 @@ def main(argv=None):
               'floor': '`--after-cursor` at the end: nothing new (floor: the fake\'s start)'}
     for name in ('full', 'cursor', 'floor'):
         rows.append('| %s | %s | %s |' % (labels[name], common.fmt(result[name]['wall_s'], 1000, 1),
-                                         common.fmt(result[name]['cpu_s'], 1000, 1)))
+                                          common.fmt(result[name]['cpu_s'], 1000, 1)))
     body = '\n'.join(rows + ['', 'Full / cursor, per run (same run): wall %s x, CPU %s x; journal of %d kernel lines, one Xid in 50,'
                                  ' %d reps interleaved; the cursor read returned the same events as a full read: %s.' % (
                                      common.fmt(result['ratio_full_over_cursor']['wall'], 1, 1),
