@@ -396,8 +396,11 @@ def test_children_forked_while_the_parent_is_killed(group, tmp_path):
               '    if os.fork() == 0:\n'
               '        time.sleep(600); os._exit(0)\n'
               'signal.signal(signal.SIGTERM, late)\n'
+              'open(sys.argv[1] + ".ready", "w").close()\n'
               'time.sleep(600)\n')
     parent = group.start([sys.executable, '-c', script, witness])
+    # the handler is installed after the children are forked: a SIGTERM before it would end the parent plainly
+    h.wait_for(lambda: os.path.exists(witness + '.ready'), what='the parent\'s SIGTERM handler')
     h.wait_for(lambda: len(killer.children_of([parent.pid])) == 2, what='the two children')
     kids = killer.children_of([parent.pid])
     victims = [victim(parent.pid)] + [victim(pid, parent=parent.pid) for pid in kids]
