@@ -153,6 +153,15 @@ def all_pids():
     return [int(name) for name in os.listdir('/proc') if name.isdigit()]
 
 
+def argv_of(pid):
+    """The argv (bytes) of a host pid, or None when it is gone or unreadable."""
+    try:
+        with open('/proc/%d/cmdline' % pid, 'rb') as handle:
+            return handle.read().split(b'\0')
+    except OSError:
+        return None
+
+
 def children_map():
     """ppid -> [pid] for every host process."""
     result = {}
@@ -224,10 +233,8 @@ def unrecorded_unshares(fleet_dir, known):
     for pid in all_pids():
         if pid in known:
             continue
-        try:
-            with open('/proc/%d/cmdline' % pid, 'rb') as handle:
-                argv = handle.read().split(b'\0')
-        except OSError:
+        argv = argv_of(pid)
+        if argv is None:
             continue
         name = os.path.basename(argv[0]) if argv else b''
         if ((name == b'unshare' and NODE_SETUP.encode() in argv and any(a.startswith(prefix) and a.endswith(b'/setup.json') for a in argv))

@@ -341,10 +341,8 @@ def unrecorded_daemons(fleet_dir, known):
     for pid in fl.all_pids():
         if pid in known:
             continue
-        try:
-            with open('/proc/%d/cmdline' % pid, 'rb') as handle:
-                argv = handle.read().split(b'\0')
-        except OSError:
+        argv = fl.argv_of(pid)
+        if argv is None:
             continue
         if argv and os.path.basename(argv[0]) in (b'munged', b'slurmctld') and any(prefix in a for a in argv[1:]):
             stat = fl.proc_stat(pid)
