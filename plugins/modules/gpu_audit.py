@@ -500,7 +500,9 @@ def run(params, check_mode=False, snapshot=None):
     policy_result = None
     # loaded first, so that a bad policy fails before anything is examined
     policy = load_policy(params['policy']) if params.get('policy') is not None else None
-    config = rogue.load_config(rules_file=params['rules_file'], rules=params['rules'])
+    # the built-in rules without a rules file: the loader (and PyYAML) is not imported
+    config = rogue.load_config(rules_file=params['rules_file'], rules=params['rules']) if params['rules_file'] or params['rules'] \
+        else rogue.RogueConfig()
     warnings = list(config.warnings)
     if snapshot is None:
         snapshot = take_snapshot(vendor=params['vendor'], gpus=params['gpus'], gather_processes=True,

@@ -427,8 +427,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import HISTORY_PATH, ROGUE_LEVELS
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reclaim import SIGNALS, ReclaimOptions, reclaim
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.rogue import (
-    RulesError, detector_argument_spec, detector_options, load_config, selector_detector)
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import rogue
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import Selector
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import printable
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import (
@@ -438,7 +437,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import
 def argument_spec():
     # require_allocation and history_path (for rogue=true): detector_argument_spec(), as in gpu_audit
     return dict(
-        detector_argument_spec(), **gpu_options(), **protection_options(), **audit_log_option(),
+        rogue.detector_argument_spec(), **gpu_options(), **protection_options(), **audit_log_option(),
         pids=dict(type='list', elements='int'),
         users=dict(type='list', elements='str'),
         exclude_users=dict(type='list', elements='str'),
@@ -470,7 +469,7 @@ def rogue_config(params):
             raise InvalidArgument(field, params[field], 'only used with rogue=true')
     if not (params.get('rules_file') or params.get('rules')):
         return None
-    return load_config(rules_file=params['rules_file'], rules=params['rules'])
+    return rogue.load_config(rules_file=params['rules_file'], rules=params['rules'])
 
 
 def build(params, report=None):
@@ -482,7 +481,7 @@ def build(params, report=None):
                         name=params['name'], cmdline=params['cmdline'], min_used_mib=params['min_used_mib'],
                         idle_for=params['idle_for'], idle_util_pct=params['idle_util_pct'], older_than=params['older_than'],
                         orphans=params['orphans'], rogue=params['rogue'], rogue_min_level=params['rogue_min_level'],
-                        all_on_gpus=params['all_on_gpus'], rogue_detector=selector_detector(config=config, report=report, **detector_options(params)))
+                        all_on_gpus=params['all_on_gpus'], rogue_detector=rogue.selector_detector(config=config, report=report, **rogue.detector_options(params)))
     options = ReclaimOptions(signal=params['signal'], timeout=params['timeout'], force=params['force'], tree=params['tree'],
                              release_timeout=params['release_timeout'], protect_names=params['protect_names'],
                              protect_users=params['protect_users'], vendor=params['vendor'],
@@ -529,7 +528,8 @@ def work(module):
 
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    result = run_module(module, 'gpu_kill', work, errors=((RulesError, invalid_rules),))
+    # rogue.RulesError is looked up only when the call failed: the rules-file loader is imported only with rules
+    result = run_module(module, 'gpu_kill', work, errors=lambda: ((rogue.RulesError, invalid_rules),))
     release_timeout = module.params['release_timeout']
     result['warnings'] = result.get('warnings', []) + [
         '%d MiB on GPU %s did not come back within %s s: %s' % (entry['unreleased_mib'], entry['gpu'], release_timeout, entry['cause'])

@@ -16,10 +16,9 @@ import os
 import signal as signals
 import time
 
-from . import audit_log, history, killer, notify, watchdog
-from .backends import select as select_backends, vendor_backend
+from . import audit_log, killer, notify, watchdog
+from .backends import VENDORS, select as select_backends, vendor_backend
 from .errors import HistoryError, InvalidArgument
-from .idle import IdleRule, idle_pids
 from .processes import device_key, resolve_dev_roots, scan_device_fds, user_uid
 from .snapshot import device_gpus, take_snapshot
 
@@ -244,18 +243,21 @@ class DriverProbe(object):
     """``probe()`` for killer.wait_release: used MiB and listed pids per host-wide GPU index.
 
     One library session stays open for the whole wait (initialising NVML can take long on real
-    hosts) and each read asks only for memory and process lists.
+    hosts) and each read asks only for memory and process lists.  Only the backends of the vendors
+    whose GPUs are in ``snapshot`` are opened (``vendor`` still limits them): the probe reads no other
+    GPU, and with vendor=auto the others would be imported and probed again for nothing.
     """
 
     def __init__(self, vendor, snapshot, mig_instances=None):
-        self.selection = select_backends(vendor)
+        present = set(dev.vendor for dev in snapshot.all_devices)
+        self.selections = [select_backends(name) for name in VENDORS if name in present and vendor in ('auto', name)]
         self.index = dict(((dev.vendor, dev.vendor_index), dev.index) for dev in snapshot.all_devices)
         # GPU index -> {(GPU instance id, compute instance id)}: boards whose reading is that of these MIG devices
         self.mig_instances = dict(mig_instances or {})
 
     def __call__(self):
         view = {}
-        for backend in self.selection.backends:
+        for backend in [backend for selection in self.selections for backend in selection.backends]:
             try:
                 if any(name == backend.name and index in self.mig_instances for (name, _vi), index in self.index.items()):
                     readings = dict((dev.vendor_index, self._reading(dev)) for dev in backend.devices())
@@ -283,7 +285,8 @@ class DriverProbe(object):
         return used, listed
 
     def close(self):
-        self.selection.close()
+        for selection in self.selections:
+            selection.close()
 
 
 def _expected_release(snapshot, victims):
@@ -418,7 +421,12 @@ def _idle_since(selector, options, snapshot, now, warnings):
     history (check mode included), then the idleness rule over each process's samples, with
     ``idle_util_pct`` and neither a memory floor (the selector's ``min_used_mib`` is one) nor a gap
     limit (runs may be hours apart).  A history that cannot be opened or written is a warning: the
-    snapshot alone is then the only sample, and nothing has been idle for long."""
+    snapshot alone is then the only sample, and nothing has been idle for long.
+
+    The usage history (sqlite3) and the idleness rule are imported here, for idle_for only: the
+    other calls (most of them: rogue=true, pids, users) do not compile them."""
+    from . import history  # pylint: disable=import-outside-toplevel
+    from .idle import IdleRule, idle_pids  # pylint: disable=import-outside-toplevel
     rule = IdleRule(selector.idle_util_pct)
     store = None
     try:

@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict
 
 from . import xid
-from .backends import VENDOR_CHOICES, Selection, select, vendor_backend
+from .backends import VENDOR_CHOICES, Selection, preload, select, vendor_backend
 from .backends.base import DRM_RENDER_BASE, error_text  # noqa: F401 pylint: disable=unused-import
 from .errors import InvalidArgument
 from .model import MIG_FORM, GpuProcess, mig_devices_named
@@ -217,6 +217,8 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
         if vendor not in VENDOR_CHOICES:   # checked here: the child's errors come back as text
             raise InvalidArgument('vendor', vendor, 'must be one of %s' % ', '.join(VENDOR_CHOICES))
         from . import watchdog  # pylint: disable=import-outside-toplevel
+        if not factories:
+            preload(vendor, resolve_dev_roots(dev_roots))   # compiled here once, not in the child and again here after it
         statuses, requested, all_devices, errors = watchdog.run(lambda: _read_backends(vendor, factories), driver_timeout)
     selection = Selection([], statuses, requested)
     xid_log_error = _read_xid_log(all_devices, kmsg_path, xid_memo)

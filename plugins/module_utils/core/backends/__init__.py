@@ -88,6 +88,27 @@ def vendor_backend(vendor):
         raise InvalidArgument('vendor', vendor, 'no backend for this vendor; known: %s' % ', '.join(VENDORS)) from None
 
 
+def preload(vendor, dev_roots):
+    """Import the backend modules that a read of ``vendor`` will use: that vendor's, or with ``auto`` those of
+    the vendors whose device files (PRESENCE_FILES) exist under ``dev_roots``.  Returns their names.
+
+    A snapshot reads the drivers in a forked watchdog child, and the process that forked it then looks its
+    devices' vendors up too (``vendor_backend``): imported once before the fork, a backend (and its library's
+    Python binding, not the library) is compiled once instead of in both processes.  A failed import is left
+    to the read, which reports it."""
+    names = [vendor] if vendor in REGISTRY else [
+        name for name, files in PRESENCE_FILES.items() if vendor == 'auto' and name in REGISTRY and any(
+            os.path.exists(os.path.join(root, f)) for root in dev_roots for f in files)]
+    loaded = []
+    for name in names:
+        try:
+            REGISTRY[name]  # pylint: disable=pointless-statement
+        except Exception:  # pylint: disable=broad-except
+            continue
+        loaded.append(name)
+    return loaded
+
+
 class Selection(object):
     """The outcome of select(): ``backends`` (probed, available, in vendor order) and ``statuses``."""
 
@@ -169,4 +190,4 @@ def __getattr__(name):
 # The backend classes (NvidiaBackend, AmdBackend, IntelBackend, AppleBackend) are attributes loaded on first use
 # (__getattr__), not listed here: ``import *`` would load every backend.
 __all__ = ['Backend', 'CLASS_NAMES', 'REGISTRY', 'Registry', 'VENDORS', 'PRESENCE_FILES', 'VENDOR_CHOICES', 'Selection', 'select',
-           'vendor_backend']
+           'vendor_backend', 'preload']

@@ -29,10 +29,8 @@ package (cli, guard, gpu_audit), ``rogue.detector.detect_snapshot`` for ``select
 
 from __future__ import annotations
 
-from ..documents import yaml_import_error
 from ..errors import InvalidArgument
 from . import rules as R
-from .audit import RECORD_SCHEMA, log_findings
 from .checks import (
     BUILTIN_CHECKS, MAX_OPTION_ARGS, is_algorithm, match_wallet, ml_libraries, parse_options, rule_algo, rule_exe_location,
     rule_flat_mem, rule_flat_util, rule_lineage, rule_masquerade, rule_miner_env, rule_miner_flags, rule_miner_name,
@@ -45,17 +43,43 @@ from .detector import (
 from .facts import (
     ACTIVE_STATES, MAX_ARGS, MAX_EVIDENCE, MAX_EVIDENCE_TEXT, MAX_PARENTS, MAX_SCAN_CHARS, Connection, ProcessFacts,
     is_public)
-from .loader import (
-    ALLOW_KEYS, MAX_RULES_FILE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS, RulesError, load_config)
 from .procfs import (
     CONTAINER_CONFIGS, MAX_ENV_BYTES, MAX_MAPS_LINES, TCP_STATES, FactsCollector, container_image, parse_environ,
     parse_maps, parse_proc_net_tcp)
 
 
+# The names of ``loader`` (the rules file: its schema, the document readers, PyYAML) and ``audit`` (the
+# audit log's record of findings), which most calls never use: gpu_kill rogue=true without rules, the
+# guard's ticks.  They are loaded on first use (__getattr__), so that importing the package does not
+# compile those files on every module call; ``rogue.load_config`` and the rest keep working.
+LAZY_NAMES = {
+    'loader': ('ALLOW_KEYS', 'MAX_RULES_FILE', 'RULE_KEYS', 'SCHEMA_VERSION', 'TOP_KEYS', 'RulesError', 'load_config'),
+    'audit': ('RECORD_SCHEMA', 'log_findings'),
+}
+
+
+def _lazy_module(part):
+    """The submodule ``part`` of LAZY_NAMES, imported on first use.  The imports are written out so that
+    AnsiballZ still ships both with every module that imports this package."""
+    # pylint: disable=import-outside-toplevel
+    if part == 'loader':
+        from . import loader as module
+    else:
+        from . import audit as module
+    return module
+
+
 def __getattr__(name):
-    """YAML_IMPORT_ERROR (as loader's), without importing PyYAML when the package is imported (PEP 562)."""
+    """The names of LAZY_NAMES, and YAML_IMPORT_ERROR (as loader's), loaded on first use (PEP 562): importing the
+    package imports neither the rules-file loader nor PyYAML."""
     if name == 'YAML_IMPORT_ERROR':
+        from ..documents import yaml_import_error  # pylint: disable=import-outside-toplevel
         return yaml_import_error()
+    for part, names in LAZY_NAMES.items():
+        if name in names:
+            value = getattr(_lazy_module(part), name)
+            globals()[name] = value
+            return value
     raise AttributeError('module %r has no attribute %r' % (__name__, name))
 
 

@@ -420,6 +420,6 @@ def test_gpu_kill_rules_need_rogue_and_a_valid_file(tmp_path):
     assert info.value.field == 'rules'
     bad = tmp_path / 'bad.yml'
     bad.write_text('rules:\n  - id: x\n    kind: hard\n    weight: 101\n    description: d\n    match: {cmdline: a}\n')
-    with pytest.raises(gpu_kill.RulesError) as info:
+    with pytest.raises(gpu_kill.rogue.RulesError) as info:
         gpu_kill.build(kill_args(rogue=True, rules_file=str(bad)))
     assert (info.value.source, info.value.line, info.value.field) == (str(bad), 4, 'rules[0].weight')

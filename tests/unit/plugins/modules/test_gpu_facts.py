@@ -67,8 +67,7 @@ def test_fail_on_no_gpu_names_each_backend():
 
 
 def test_missing_psutil_fails_with_missing_required_lib(monkeypatch):
-    monkeypatch.setattr(gpu_module, 'HAS_PSUTIL', False)
-    monkeypatch.setattr(gpu_module, 'PSUTIL_IMPORT_ERROR', 'Traceback: No module named psutil')
+    monkeypatch.setattr(gpu_module, 'psutil_error', lambda: 'Traceback: No module named psutil')
     result = run_module({})
     assert result['failed'] is True and 'psutil' in result['msg'] and 'Failed to import' in result['msg']
     assert result['exception'] == 'Traceback: No module named psutil'

@@ -163,8 +163,7 @@ def test_run_module_fails_with_the_mapping(module):
 
 
 def test_run_module_without_psutil_does_no_work(module, monkeypatch):
-    monkeypatch.setattr(gpu_module, 'HAS_PSUTIL', False)
-    monkeypatch.setattr(gpu_module, 'PSUTIL_IMPORT_ERROR', 'Traceback: No module named psutil')
+    monkeypatch.setattr(gpu_module, 'psutil_error', lambda: 'Traceback: No module named psutil')
     with pytest.raises(Failed) as failed:
         gpu_module.run_module(module, 'gpu_kill', lambda m: pytest.fail('work ran without psutil'))
     assert 'psutil' in failed.value.args[0]['msg'] and failed.value.args[0]['exception'] == 'Traceback: No module named psutil'

@@ -85,8 +85,7 @@ def test_invalid_arguments_fail_naming_the_field(args, field):
 
 
 def test_missing_psutil_fails_with_missing_required_lib(monkeypatch):
-    monkeypatch.setattr(gpu_module, 'HAS_PSUTIL', False)
-    monkeypatch.setattr(gpu_module, 'PSUTIL_IMPORT_ERROR', 'Traceback: No module named psutil')
+    monkeypatch.setattr(gpu_module, 'psutil_error', lambda: 'Traceback: No module named psutil')
     result = run_module({'all': True})
     assert result['failed'] is True and 'psutil' in result['msg']
 

@@ -460,3 +460,29 @@ def test_a_requested_pid_that_matched_reports_nothing_extra(node):
     job = node.spawn(0, 300, argv=['python', 'job.py'])
     result = run(node, pids=[job], check_mode=True)
     assert pids(result['killed']) == [job] and result['unmatched'] == [] and 'led nowhere' not in result['msg']
+
+
+@pytest.mark.parametrize('vendor, on_node, opened', [
+    ('auto', ['nvidia', 'nvidia'], ['nvidia']),          # the other vendors are neither imported nor probed again
+    ('auto', ['amd', 'nvidia'], ['nvidia', 'amd']),      # in host-wide index order
+    ('nvidia', ['nvidia'], ['nvidia']),
+    ('amd', ['nvidia'], []),                             # vendor still limits them
+    ('auto', [], []),
+])
+def test_release_probe_opens_only_the_backends_of_the_snapshots_vendors(monkeypatch, vendor, on_node, opened):
+    """The release wait (issue #21): its probe reads only the GPUs of the snapshot, so it opens only their vendors."""
+    class Selection(object):
+        def __init__(self, name):
+            self.backends = []
+            calls.append(name)
+
+        def close(self):
+            closed.append(self)
+
+    calls, closed = [], []
+    monkeypatch.setattr(core_reclaim, 'select_backends', Selection)
+    devices = [type('Dev', (), {'vendor': name, 'vendor_index': i, 'index': i})() for i, name in enumerate(on_node)]
+    probe = core_reclaim.DriverProbe(vendor, type('Snap', (), {'all_devices': devices})())
+    assert calls == opened and probe() == {}
+    probe.close()
+    assert len(closed) == len(opened)
