@@ -52,16 +52,16 @@ LABELS = {
 PROBE_MODULE = '''#!/usr/bin/python
 from __future__ import annotations
 DOCUMENTATION = "module: probe\\nshort_description: benchmark probe\\ndescription: [benchmark probe]\\nauthor: [benchmark]\\n"
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import VENDOR_CHOICES
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import GpuFleetError, InvalidArgument
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
+from ansible.module_utils.basic import AnsibleModule
+# what gpu_facts imports
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import gpu_options, run_module
 
 
 def main():
     module = AnsibleModule(argument_spec=dict(), supports_check_mode=True)
-    module.exit_json(changed=False, imported=[VENDOR_CHOICES is not None, HAS_PSUTIL])
+    module.exit_json(changed=False, imported=[take_snapshot is not None, watchdog is not None, gpu_options is not None, run_module is not None])
 
 
 if __name__ == '__main__':
@@ -87,7 +87,7 @@ def _seen(row, text):
     try:
         if row in ('core', 'core_src'):
             return json.loads(text.strip().splitlines()[-1])['processes']
-        if row == 'facts':  # the ad-hoc (minimal) callback: localhost | SUCCESS => {...}
+        if row == 'facts' or row.startswith('facts@'):  # the ad-hoc (minimal) callback: localhost | SUCCESS => {...}
             data = json.loads(text[text.index('{', text.index('SUCCESS =>')):text.rindex('}') + 1])
             return len(data['ansible_facts']['gpu']['processes'])
     except (ValueError, KeyError, TypeError, IndexError):
@@ -95,14 +95,23 @@ def _seen(row, text):
     return None
 
 
-def run(gpu_processes=10, reps=5, rows=ROWS, log=print):
-    """Returns a JSON-able dict: per row figures, and per-repetition differences and ratios."""
+def tree_row(label):
+    """The row of gpu_facts from another collection tree (``--tree LABEL=PATH``)."""
+    return 'facts@' + label
+
+
+def run(gpu_processes=10, reps=5, rows=ROWS, log=print, trees=()):
+    """Returns a JSON-able dict: per row figures, and per-repetition differences and ratios.
+
+    ``trees``: (label, collections path) pairs; each adds a row running gpu_facts from that tree, in the
+    same rotation (e.g. main beside this change), with its own ratio to ping."""
     started = time.monotonic()
     ansible = ansible_bin()
     base = tempfile.mkdtemp(prefix='gpufleet-bench-mod-')
     node = None
-    runs = dict((row, []) for row in ROWS)
-    notes = dict((row, []) for row in ROWS)
+    all_rows = ROWS + tuple(tree_row(label) for label, _path in trees)
+    runs = dict((row, []) for row in all_rows)
+    notes = dict((row, []) for row in all_rows)
     try:
         coll = os.path.join(base, 'collections', 'ansible_collections', 'gpufleet')
         os.makedirs(coll)
@@ -137,20 +146,24 @@ def run(gpu_processes=10, reps=5, rows=ROWS, log=print):
             'core': ([sys.executable, '-c', CORE_CODE, compiled], env),
             'core_src': ([sys.executable, '-c', CORE_CODE, source], env_src),
         }
+        for label, path in trees:
+            commands[tree_row(label)] = ([ansible, 'localhost', '-i', inventory, '-m', 'gpufleet.reclaim.gpu_facts'],
+                                         dict(env, ANSIBLE_COLLECTIONS_PATH=path))
         if ansible is None:
-            for row in ('ping', 'probe', 'facts'):
+            for row in ('ping', 'probe', 'facts') + tuple(tree_row(label) for label, _path in trees):
                 notes[row].append('ansible is not installed next to %s nor on PATH' % sys.executable)
                 commands[row] = (None, env)
-        rows = [row for row in ROWS if row in rows]
+        rows = [row for row in all_rows if row in rows or row.startswith('facts@')]
         got, more = common.interleaved(commands, rows, reps, lambda row, meas: {'seen': _seen(row, meas.text())})
         for row in rows:
             runs[row] = got[row]
             notes[row].extend(more[row])
     finally:
         common.cleanup(node=node, base=base)
-    result = {'gpu_processes': gpu_processes, 'reps': reps, 'labels': LABELS, 'rows': {}, 'derived': {},
+    labels = dict(LABELS, **dict((tree_row(label), '%s, from %s (%s)' % (LABELS['facts'], label, path)) for label, path in trees))
+    result = {'gpu_processes': gpu_processes, 'reps': reps, 'labels': labels, 'rows': {}, 'derived': {},
               'ansible': common.dist_version('ansible-core'), 'seconds': None}
-    for row in ROWS:
+    for row in all_rows:
         if not runs[row]:
             result['rows'][row] = {'notes': notes[row] or ['not selected']}
         else:
@@ -167,6 +180,11 @@ def run(gpu_processes=10, reps=5, rows=ROWS, log=print):
                 derived.setdefault('facts_over_core', {})[key] = common.stats(common.ratios(facts, core))
                 derived.setdefault('facts_minus_ping_minus_core', {})[key] = common.stats(
                     [f - p - c for f, p, c in zip(facts, ping, core)])
+    for label, _path in trees:
+        if runs['ping'] and runs[tree_row(label)]:
+            for key in ('cpu_s', 'wall_s'):
+                derived.setdefault('facts@%s_over_ping' % label, {})[key] = common.stats(common.ratios(
+                    [e[key] for e in runs[tree_row(label)]], [e[key] for e in runs['ping']]))
     if runs['ping'] and runs['probe'] and runs['facts']:
         for key in ('cpu_s', 'wall_s'):
             probe = [e[key] for e in runs['probe']]
@@ -181,13 +199,13 @@ def run(gpu_processes=10, reps=5, rows=ROWS, log=print):
 
 def markdown(result):
     lines = ['| command | CPU ms | wall ms | peak RSS MiB | GPU processes reported |', '|---|---|---|---|---|']
-    for row in ROWS:
+    for row in result['rows']:
         fig = result['rows'].get(row, {})
         if 'cpu_s' not in fig:
-            lines.append('| %s | not run: %s | | | |' % (LABELS[row], '; '.join(fig.get('notes') or ['?'])))
+            lines.append('| %s | not run: %s | | | |' % (result['labels'][row], '; '.join(fig.get('notes') or ['?'])))
             continue
         seen = '-' if fig['seen'] is None else fig['seen']
-        cells = (LABELS[row], common.fmt(fig['cpu_s'], 1000), common.fmt(fig['wall_s'], 1000), common.fmt(fig['maxrss_kib'], 1 / 1024.0, 1),
+        cells = (result['labels'][row], common.fmt(fig['cpu_s'], 1000), common.fmt(fig['wall_s'], 1000), common.fmt(fig['maxrss_kib'], 1 / 1024.0, 1),
                  seen, result['gpu_processes'])
         lines.append('| %s | %s | %s | %s | %s of %d |' % cells)
     return '\n'.join(lines)
@@ -197,11 +215,19 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--gpu-processes', type=int, default=10)
     parser.add_argument('--reps', type=int, default=5)
+    parser.add_argument('--tree', action='append', default=[], metavar='LABEL=COLLECTIONS_PATH',
+                        help='also gpu_facts from this collection tree, in the same rotation (e.g. before=a checkout of main)')
     parser.add_argument('--json', help='write the figures here')
     args = parser.parse_args(argv)
     if not os.path.isfile(common.SHIM):
         sys.exit('the simulator is not built: run "make sim"')
-    result = run(args.gpu_processes, args.reps)
+    trees = []
+    for spec in args.tree:
+        label, sep, path = spec.partition('=')
+        if not sep or not label or not os.path.isdir(os.path.join(path, 'ansible_collections', 'gpufleet', 'reclaim')):
+            sys.exit('--tree: invalid value %r: expected LABEL=PATH, PATH holding ansible_collections/gpufleet/reclaim' % spec)
+        trees.append((label, path))
+    result = run(args.gpu_processes, args.reps, trees=trees)
     print(markdown(result))
     for name, figs in sorted(result['derived'].items()):
         for key, stat in sorted(figs.items()):
