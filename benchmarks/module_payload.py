@@ -5,7 +5,7 @@
 """Module payloads: what AnsiballZ ships for each gpu_* module, and what the node spends importing it.
 
     PATH=/tmp/venv/bin:$PATH benchmarks/module_payload.py [--reps 7] [--modules gpu_facts,gpu_kill]
-        [--tree LABEL=COLLECTIONS_PATH ...] [--json out.json]
+        [--tree LABEL=COLLECTIONS_PATH ...] [--calls] [--json out.json]
 
 For each module and each collection tree (default: this checkout, through a private
 ``ANSIBLE_COLLECTIONS_PATH``; ``--tree`` compares others in the same run, e.g. a checkout of main),
@@ -20,6 +20,12 @@ Node-side import cost: ``python -c 'import <the module>'`` with the zip as PYTHO
 compiles every file from source, as on a node), CPU time (user + system, ``wait4``), minimum over
 ``--reps`` interleaved runs, against ``python -c 'import ansible.module_utils.basic'`` (what
 ``ansible.builtin.ping`` imports) from the same zip: the difference is what our module adds.
+
+``--calls``: the node's CPU for whole calls, as a node runs them: the AnsiballZ wrappers of
+``ansible.builtin.ping``, ``gpu_facts`` and ``gpu_kill rogue=true`` (check mode, and confirmed: it kills
+the disguised miner, gpusim's own workload, respawned before the next call) run on one simulated node
+of tests/fleet (``fleet_cleanup.fleet_up``), CPU from ``wait4`` (the watchdog child included),
+interleaved over every tree, minimum and median of ``--reps``.
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import argparse
 import base64
 import glob
 import io
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,14 +61,18 @@ def ansible_bin():
     return here if os.access(here, os.X_OK) else shutil.which('ansible')
 
 
-def build_payload(collections, module, work):
-    """The AnsiballZ wrapper text and zip bytes that ``ansible`` sends for ``module``."""
+def build_payload(collections, module, work, args='vendor=none-such', check=False, fqcn=None, inventory=None):
+    """The AnsiballZ wrapper text and zip bytes that ``ansible`` sends for ``module`` (``fqcn``: default
+    gpufleet.reclaim.MODULE) with the arguments ``args`` (default: one every module rejects), to localhost,
+    or with ``inventory`` (a tests/fleet one) to its node01."""
     remote = tempfile.mkdtemp(prefix='remote-', dir=work)
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=collections, ANSIBLE_KEEP_REMOTE_FILES='1', ANSIBLE_REMOTE_TMP=remote,
                ANSIBLE_PIPELINING='False', ANSIBLE_LOCALHOST_WARNING='False', ANSIBLE_HOME=os.path.join(work, 'home'),
                ANSIBLE_LOCAL_TEMP=os.path.join(work, 'local'))
-    subprocess.run([ansible_bin(), 'localhost', '-c', 'local', '-e', 'ansible_python_interpreter=%s' % sys.executable,
-                    '-m', 'gpufleet.reclaim.%s' % module, '-a', 'vendor=none-such'], env=env, cwd=work,
+    target = ['node01', '-i', inventory, '-e', 'ansible_pipelining=false'] if inventory else [
+        'localhost', '-c', 'local', '-e', 'ansible_python_interpreter=%s' % sys.executable]
+    subprocess.run([ansible_bin()] + target + [
+                    '-m', fqcn or 'gpufleet.reclaim.%s' % module, '-a', args] + (['--check'] if check else []), env=env, cwd=work,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=300)
     found = glob.glob(os.path.join(remote, '*', 'AnsiballZ_%s.py' % module))
     if not found:
@@ -118,6 +130,86 @@ def measure(trees, modules, reps, log=print):
     return out
 
 
+# Whole calls on a simulated node (--calls): name, module, fqcn, arguments, check mode, whether it kills the miner
+CALLS = (
+    ('ping', 'ping', 'ansible.builtin.ping', '', False, False),
+    ('gpu_facts', 'gpu_facts', None, '', False, False),
+    ('gpu_kill rogue, check mode', 'gpu_kill', None, 'rogue=true force=true timeout=5', True, False),
+    ('gpu_kill rogue, confirmed', 'gpu_kill', None, 'rogue=true force=true timeout=5', False, True),
+)
+# Runs on the node (argv: a JSON list of [key, wrapper path, kills] and the repetitions): one miner is up before
+# each call (respawned after a call that killed it), each wrapper runs as the node runs it; prints {key: [CPU s]}.
+NODE_RUNNER = r'''
+import json, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import common
+wrappers, reps, miner = json.loads(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+cpu = dict((key, []) for key, _path, _kills in wrappers)
+up = False
+for rep in range(reps):
+    shift = rep % len(wrappers)
+    for key, path, kills in wrappers[shift:] + wrappers[:shift]:
+        if not up:
+            subprocess.run(['gpusim', 'spawn', '--gpu', '0', '--mib', '2048', '--util', '100', '--user', 'nobody', '--'] + miner,
+                           check=True, stdout=subprocess.DEVNULL)
+            up = True
+        meas = common.run_child([sys.executable, path])
+        result = json.loads(meas.text())
+        if meas.returncode != 0 or result.get('failed') or (kills and not result.get('killed')):
+            sys.exit('%s: exit %s: %s' % (key, meas.returncode, meas.text()[-500:]))
+        up = up and not kills
+        cpu[key].append(meas.cpu_s)
+print(json.dumps(cpu))
+'''
+
+
+def measure_calls(trees, reps, log=print):
+    """{tree: {call: CPU figures}}: each call of CALLS run whole on one simulated node of tests/fleet (its own
+    PID and mount namespace, 2 GPUs, one disguised miner that the confirmed gpu_kill kills and that is
+    respawned before the next call): the AnsiballZ wrapper as the node runs it (its zip written, imported
+    from, the module's work, the watchdog child), CPU from ``wait4``, interleaved over every tree."""
+    from fleet_cleanup import MINER, fleet_down, fleet_up  # pylint: disable=import-outside-toplevel
+    work = tempfile.mkdtemp(prefix='gpufleet-bench-calls-')
+    os.chmod(work, 0o755)
+    fleet = os.path.join(work, 'fleet')
+    try:
+        fleet_up(fleet, 1)
+        inventory = os.path.join(fleet, 'inventory.ini')
+        wrappers = []
+        for label, collections in trees:
+            for name, module, fqcn, args, check, kills in CALLS:
+                wrapper, _data = build_payload(collections, module, work, args=args, check=check, fqcn=fqcn, inventory=inventory)
+                path = os.path.join(work, 'wrapper-%d.py' % len(wrappers))
+                with open(path, 'w', encoding='utf-8') as handle:
+                    handle.write(wrapper)
+                wrappers.append(['%s/%s' % (label, name), path, kills])
+        log('%d wrappers built; %d interleaved rounds on the node' % (len(wrappers), reps))
+        remote = [sys.executable, '-c', NODE_RUNNER, HERE, json.dumps(wrappers), str(reps), json.dumps(MINER)]
+        out = subprocess.run(['ssh', '-F', os.path.join(fleet, 'ssh_config'), 'node01', ' '.join(shlex.quote(a) for a in remote)],
+                             stdout=subprocess.PIPE, universal_newlines=True, check=True, timeout=3600).stdout
+        cpu = json.loads(out.strip().splitlines()[-1])
+    finally:
+        fleet_down(fleet)
+        shutil.rmtree(work, ignore_errors=True)
+    result = {}
+    for label, _path in trees:
+        for name, _module, _fqcn, _args, _check, _kills in CALLS:
+            values = cpu['%s/%s' % (label, name)]
+            result.setdefault(label, {})[name] = {'cpu_ms_min': round(min(values) * 1000, 1),
+                                                  'cpu_ms_median': round(common.stats(values)['median'] * 1000, 1)}
+    return result
+
+
+def calls_markdown(result):
+    lines = ['| call | tree | CPU ms (min) | CPU ms (median) | min / ping |', '|---|---|---|---|---|']
+    for name, _module, _fqcn, _args, _check, _kills in CALLS:
+        for label, figs in result.items():
+            fig = figs[name]
+            lines.append('| %s | %s | %.0f | %.0f | %.2f |' % (name, label, fig['cpu_ms_min'], fig['cpu_ms_median'],
+                                                              fig['cpu_ms_min'] / figs['ping']['cpu_ms_min']))
+    return '\n'.join(lines)
+
+
 def markdown(result, modules):
     lines = ['| module | tree | bytes sent per call | our files shipped (source KiB) | imported at load | '
              'import CPU ms (min) | of which ours | shipped, not imported at load |', '|---|---|---|---|---|---|---|---|']
@@ -136,15 +228,19 @@ def main(argv=None):
     parser.add_argument('--modules', default=','.join(MODULES))
     parser.add_argument('--tree', action='append', default=[], metavar='LABEL=COLLECTIONS_PATH',
                         help='a collection tree to measure (default: this checkout as "this")')
+    parser.add_argument('--calls', action='store_true',
+                        help='also time whole calls (ping, gpu_facts, gpu_kill rogue=true) on a simulated node (needs make sim)')
     parser.add_argument('--json', help='write the figures here')
     args = parser.parse_args(argv)
+    if args.calls and not os.path.isfile(common.SHIM):
+        sys.exit('--calls: the simulator is not built: run "make sim"')
     if ansible_bin() is None:
         sys.exit('ansible is not installed next to %s nor on PATH' % sys.executable)
     modules = [m for m in args.modules.split(',') if m]
     for module in modules:
         if module not in MODULES:
             sys.exit('--modules: invalid value %r: expected some of %s' % (module, ', '.join(MODULES)))
-    trees, private = [], None
+    trees, private, calls = [], None, None
     for spec in args.tree:
         label, sep, path = spec.partition('=')
         if not sep or not os.path.isdir(os.path.join(path, 'ansible_collections', 'gpufleet', 'reclaim')):
@@ -157,12 +253,16 @@ def main(argv=None):
             os.symlink(common.ROOT, os.path.join(private, 'ansible_collections', 'gpufleet', 'reclaim'))
             trees.append(('this', private))
         result = measure(trees, modules, args.reps)
+        calls = measure_calls(trees, args.reps) if args.calls else None
     finally:
         if private:
             shutil.rmtree(private, ignore_errors=True)
     print(markdown(result, modules))
+    if calls is not None:
+        print()
+        print(calls_markdown(calls))
     print('# load average after: %.2f %.2f %.2f' % os.getloadavg())
-    common.write_json(args.json, {'trees': dict(trees), 'reps': args.reps, 'figures': result, 'load': os.getloadavg()})
+    common.write_json(args.json, {'trees': dict(trees), 'reps': args.reps, 'figures': result, 'calls': calls, 'load': os.getloadavg()})
     return 0
 
 
