@@ -71,9 +71,8 @@ def build_payload(collections, module, work, args='vendor=none-such', check=Fals
                ANSIBLE_LOCAL_TEMP=os.path.join(work, 'local'))
     target = ['node01', '-i', inventory, '-e', 'ansible_pipelining=false'] if inventory else [
         'localhost', '-c', 'local', '-e', 'ansible_python_interpreter=%s' % sys.executable]
-    subprocess.run([ansible_bin()] + target + [
-                    '-m', fqcn or 'gpufleet.reclaim.%s' % module, '-a', args] + (['--check'] if check else []), env=env, cwd=work,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=300)
+    argv = [ansible_bin()] + target + ['-m', fqcn or 'gpufleet.reclaim.%s' % module, '-a', args] + (['--check'] if check else [])
+    subprocess.run(argv, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=300)
     found = glob.glob(os.path.join(remote, '*', 'AnsiballZ_%s.py' % module))
     if not found:
         raise SystemExit('no AnsiballZ wrapper for %s under %s (is ansible-core installed?)' % (module, remote))
@@ -205,8 +204,8 @@ def calls_markdown(result):
     for name, _module, _fqcn, _args, _check, _kills in CALLS:
         for label, figs in result.items():
             fig = figs[name]
-            lines.append('| %s | %s | %.0f | %.0f | %.2f |' % (name, label, fig['cpu_ms_min'], fig['cpu_ms_median'],
-                                                              fig['cpu_ms_min'] / figs['ping']['cpu_ms_min']))
+            ratio = fig['cpu_ms_min'] / figs['ping']['cpu_ms_min']
+            lines.append('| %s | %s | %.0f | %.0f | %.2f |' % (name, label, fig['cpu_ms_min'], fig['cpu_ms_median'], ratio))
     return '\n'.join(lines)
 
 

@@ -477,11 +477,12 @@ def build(params, report=None):
 
     ``report``, a dict, receives the rogue detector's findings, summary and warnings of the run (rogue=true)."""
     config = rogue_config(params)
+    detector = rogue.selector_detector(config=config, report=report, **rogue.detector_options(params))
     selector = Selector(pids=params['pids'], gpus=params['gpus'], users=params['users'], exclude_users=params['exclude_users'],
                         name=params['name'], cmdline=params['cmdline'], min_used_mib=params['min_used_mib'],
                         idle_for=params['idle_for'], idle_util_pct=params['idle_util_pct'], older_than=params['older_than'],
                         orphans=params['orphans'], rogue=params['rogue'], rogue_min_level=params['rogue_min_level'],
-                        all_on_gpus=params['all_on_gpus'], rogue_detector=rogue.selector_detector(config=config, report=report, **rogue.detector_options(params)))
+                        all_on_gpus=params['all_on_gpus'], rogue_detector=detector)
     options = ReclaimOptions(signal=params['signal'], timeout=params['timeout'], force=params['force'], tree=params['tree'],
                              release_timeout=params['release_timeout'], protect_names=params['protect_names'],
                              protect_users=params['protect_users'], vendor=params['vendor'],

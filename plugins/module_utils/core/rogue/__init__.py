@@ -85,7 +85,7 @@ def __getattr__(name):
 
 __all__ = [
     # data and errors
-    'R', 'LEVELS', 'InvalidArgument', 'RulesError',
+    'R', 'LEVELS', 'InvalidArgument',
     # facts and their bounds
     'ProcessFacts', 'Connection', 'is_public', 'ACTIVE_STATES', 'MAX_ARGS', 'MAX_EVIDENCE', 'MAX_EVIDENCE_TEXT',
     'MAX_PARENTS', 'MAX_SCAN_CHARS',
@@ -97,12 +97,12 @@ __all__ = [
     'wallet_candidate', 'rule_algo', 'rule_exe_location', 'rule_flat_mem', 'rule_flat_util', 'rule_lineage',
     'rule_masquerade', 'rule_miner_env', 'rule_miner_flags', 'rule_miner_name', 'rule_no_allocation',
     'rule_no_ml_libs', 'rule_pool_conn', 'rule_pool_host', 'rule_pool_port', 'rule_stratum', 'rule_wallet',
-    # the rule set and the rules file
-    'RogueConfig', 'CustomRule', 'AllowEntry', 'load_config', 'ALLOW_KEYS', 'MAX_RULES_FILE', 'RULE_KEYS',
-    'SCHEMA_VERSION', 'TOP_KEYS',   # and YAML_IMPORT_ERROR, an attribute computed when asked (__getattr__)
+    # the rule set (the rules file's names: LAZY_NAMES['loader'])
+    'RogueConfig', 'CustomRule', 'AllowEntry',
     # scoring, the detector and its entry points
     'Detector', 'classify', 'level_index', 'at_least', 'finding_dict', 'summarize', 'detect_snapshot',
     'selector_detector', 'detector_argument_spec', 'detector_options', 'MAX_OUTPUT_ARG', 'MAX_OUTPUT_ARGS',
-    # the audit log
-    'log_findings', 'RECORD_SCHEMA',
 ]
+# The names of LAZY_NAMES (the rules file: RulesError, load_config, ...; the audit log: log_findings,
+# RECORD_SCHEMA) and YAML_IMPORT_ERROR are attributes loaded on first use (__getattr__), not listed here:
+# ``import *`` would import the loader and PyYAML.

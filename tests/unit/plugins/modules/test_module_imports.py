@@ -65,6 +65,6 @@ def test_a_module_loads_only_what_every_call_uses(name):
 def test_psutil_is_looked_up_not_imported(monkeypatch):
     """run_module fails without psutil (a documented requirement) but does not import it to find out."""
     assert gpu_module.psutil_error() is None
-    monkeypatch.setattr(gpu_module, 'missing_modules', lambda names: list(names))
+    monkeypatch.setattr(gpu_module, 'missing_modules', list)
     error = gpu_module.psutil_error()
     assert error == (gpu_module.processes.PSUTIL_IMPORT_ERROR or 'psutil is not installed')
