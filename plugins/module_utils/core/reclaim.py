@@ -243,15 +243,21 @@ class DriverProbe(object):
     """``probe()`` for killer.wait_release: used MiB and listed pids per host-wide GPU index.
 
     One library session stays open for the whole wait (initialising NVML can take long on real
-    hosts) and each read asks only for memory and process lists.  Only the backends of the vendors
-    whose GPUs are in ``snapshot`` are opened (``vendor`` still limits them): the probe reads no other
-    GPU, and with vendor=auto the others would be imported and probed again for nothing.
+    hosts) and each read asks only for the memory and process lists of the GPUs ``gpus`` (host-wide
+    indexes; None: every GPU of ``snapshot``).  Only the backends of those GPUs' vendors are opened
+    (``vendor`` still limits them): with vendor=auto the others would be imported and probed again for
+    nothing.
     """
 
-    def __init__(self, vendor, snapshot, mig_instances=None):
-        present = set(dev.vendor for dev in snapshot.all_devices)
+    def __init__(self, vendor, snapshot, mig_instances=None, gpus=None):
+        wanted = [dev for dev in snapshot.all_devices if gpus is None or dev.index in gpus]
+        present = set(dev.vendor for dev in wanted)
         self.selections = [select_backends(name) for name in VENDORS if name in present and vendor in ('auto', name)]
-        self.index = dict(((dev.vendor, dev.vendor_index), dev.index) for dev in snapshot.all_devices)
+        self.index = dict(((dev.vendor, dev.vendor_index), dev.index) for dev in wanted)
+        # vendor -> the vendor indexes each poll reads
+        self.vendor_indexes = {}
+        for dev in wanted:
+            self.vendor_indexes.setdefault(dev.vendor, set()).add(dev.vendor_index)
         # GPU index -> {(GPU instance id, compute instance id)}: boards whose reading is that of these MIG devices
         self.mig_instances = dict(mig_instances or {})
 
@@ -262,7 +268,7 @@ class DriverProbe(object):
                 if any(name == backend.name and index in self.mig_instances for (name, _vi), index in self.index.items()):
                     readings = dict((dev.vendor_index, self._reading(dev)) for dev in backend.devices())
                 else:
-                    readings = backend.memory_view()
+                    readings = backend.memory_view(self.vendor_indexes.get(backend.name, set()))
             except Exception:  # pylint: disable=broad-except
                 continue  # unknown: wait_release keeps waiting for these GPUs
             for vendor_index, reading in readings.items():
@@ -479,7 +485,7 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
         expected = _expected_release(snapshot, victims)
         if expected:
             probe = DriverProbe(options.vendor, snapshot, dict((index, entry['mig_instances']) for index, entry in expected.items()
-                                                               if 'mig_instances' in entry))
+                                                               if 'mig_instances' in entry), gpus=set(expected))
             try:
                 release = killer.wait_release(expected, probe, timeout=options.release_timeout)
             finally:

@@ -171,15 +171,18 @@ class Backend(object):
         """
         return []
 
-    def memory_view(self):
-        """``{vendor_index: (used MiB or None, set of listed pids or None)}`` from a fresh read.
+    def memory_view(self, vendor_indexes=None):
+        """``{vendor_index: (used MiB or None, set of listed pids or None)}`` from a fresh read of the GPUs
+        ``vendor_indexes`` (None: every GPU).
 
         What the release check polls while processes exit; backends may read less than devices()
-        does.  ``None`` pids: the process list could not be read.
+        does (only the GPUs asked for, only memory and processes).  ``None`` pids: the process list
+        could not be read.
         """
         view = {}
         for dev in self.devices():
-            view[dev.vendor_index] = (dev.memory_used_mib, set(dev.pids) if dev.processes_complete else None)
+            if vendor_indexes is None or dev.vendor_index in vendor_indexes:
+                view[dev.vendor_index] = (dev.memory_used_mib, set(dev.pids) if dev.processes_complete else None)
         return view
 
     def close(self):

@@ -480,12 +480,14 @@ class NvidiaBackend(Backend):
         for proc in dev.driver_processes:
             proc.util_pct = best.get(proc.pid, 0)
 
-    def memory_view(self):
-        """Used memory and listed pids only, for polling (see Backend.memory_view)."""
+    def memory_view(self, vendor_indexes=None):
+        """Used memory and listed pids only, of the GPUs asked for, for polling (see Backend.memory_view)."""
         if not self._initialized:
             return {}
         view = {}
         for i in range(self.nvml.nvmlDeviceGetCount()):
+            if vendor_indexes is not None and i not in vendor_indexes:
+                continue
             dev = Device(vendor=self.name, vendor_index=i)
             try:
                 handle = self.nvml.nvmlDeviceGetHandleByIndex(i)

@@ -486,3 +486,32 @@ def test_release_probe_opens_only_the_backends_of_the_snapshots_vendors(monkeypa
     assert calls == opened and probe() == {}
     probe.close()
     assert len(closed) == len(opened)
+
+
+def test_release_probe_reads_only_the_gpus_it_waits_on(monkeypatch):
+    """Each poll of the release wait reads the memory and processes of the GPUs whose release it waits for (issue #21)."""
+    asked = []
+
+    class Backend(object):
+        name = 'nvidia'
+
+        def memory_view(self, vendor_indexes=None):
+            asked.append(vendor_indexes)
+            return dict((i, (10 * i, set())) for i in range(4) if vendor_indexes is None or i in vendor_indexes)
+
+        def close(self):
+            pass
+
+    class Selection(object):
+        def __init__(self, name):
+            self.backends = [Backend()]
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(core_reclaim, 'select_backends', Selection)
+    devices = [type('Dev', (), {'vendor': 'nvidia', 'vendor_index': i, 'index': i})() for i in range(4)]
+    snapshot = type('Snap', (), {'all_devices': devices})()
+    assert core_reclaim.DriverProbe('auto', snapshot, gpus={2})() == {2: (20, set())}
+    assert core_reclaim.DriverProbe('auto', snapshot)() == dict((i, (10 * i, set())) for i in range(4))   # every GPU
+    assert asked == [{2}, {0, 1, 2, 3}]

@@ -175,3 +175,15 @@ def test_a_new_vendor_is_one_backend_class(monkeypatch):
     assert gpu['drain'] == {'requested': True, 'enabled': False, 'restored': None, 'detail': DRAIN_UNAVAILABLE}
     assert gpu['persistence_mode'] == {'before': None, 'switched_off': False, 'restored': None}
     assert any(DRAIN_UNAVAILABLE in w for w in result['warnings'])
+
+
+def test_the_default_memory_view_keeps_the_gpus_asked_for():
+    """Backend.memory_view (the vendors without their own): every GPU, or those of ``vendor_indexes``."""
+    class Two(Backend):
+        name = 'two'
+
+        def devices(self):
+            return [Device(vendor='two', vendor_index=i, memory_used_mib=10 * i, processes_complete=True) for i in range(2)]
+
+    assert Two().memory_view() == {0: (0, set()), 1: (10, set())}
+    assert Two().memory_view({1}) == {1: (10, set())}

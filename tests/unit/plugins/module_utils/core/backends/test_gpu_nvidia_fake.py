@@ -185,3 +185,15 @@ def test_per_process_utilization_asks_for_recent_samples_only():
         return []
     read(fake_nvml(nvmlDeviceGetProcessUtilization=util))
     assert seen and all(0 < (time.time() * 1e6 - since) / 1e6 < 60 for since in seen)
+
+
+def test_memory_view_reads_only_the_gpus_asked_for():
+    """The release wait's poll (issue #21): memory and processes of the GPUs it waits on, not of every GPU."""
+    handles = []
+    backend = NvidiaBackend(nvml=fake_nvml(nvmlDeviceGetCount=lambda: 3, nvmlDeviceGetHandleByIndex=lambda i: handles.append(i) or i))
+    assert backend.probe().available
+    del handles[:]
+    assert backend.memory_view({1}) == {1: (100, {101})}
+    assert handles == [1]
+    assert sorted(backend.memory_view()) == [0, 1, 2]
+    backend.close()
