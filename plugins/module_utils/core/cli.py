@@ -321,8 +321,9 @@ def render_list(snapshot, patterns, now=None, width=160):
                                                           _fmt(dev.power_w, 'W'), len(dev.driver_processes)))
     lines.append('')
     lines.append('%-8s %-12s %-6s %9s %5s %9s  %s' % ('PID', 'USER', 'GPU', 'MEM MiB', 'UTIL', 'AGE', 'COMMAND'))
-    for proc in sorted(snapshot.processes, key=lambda p: (-(p.used_mib or 0), p.pid)):
-        cmd = notify_mod.redact(proc.cmdline, patterns) or proc.name or '?'
+    procs = sorted(snapshot.processes, key=lambda p: (-(p.used_mib or 0), p.pid))
+    for proc, cmd in zip(procs, notify_mod.redact_many([proc.cmdline for proc in procs], patterns)):
+        cmd = cmd or proc.name or '?'
         line = '%-8d %-12s %-6s %9s %5s %9s  %s' % (
             proc.pid, printable(proc.user or '?')[:12], ','.join(str(g) for g in proc.gpu_indexes), _fmt(proc.used_mib),
             _fmt(proc.util_pct, '%'), _age(proc.create_time, now), printable(cmd))
@@ -334,10 +335,9 @@ def render_list(snapshot, patterns, now=None, width=160):
 
 def list_json(snapshot, patterns):
     facts = snapshot.to_facts()
-    for proc in facts['processes']:
-        proc['cmdline'] = notify_mod.redact(proc['cmdline'], patterns)
-    for holder in facts['holders']:
-        holder['cmdline'] = notify_mod.redact(holder['cmdline'], patterns)
+    listed = facts['processes'] + facts['holders']
+    for item, cmdline in zip(listed, notify_mod.redact_many([item['cmdline'] for item in listed], patterns)):
+        item['cmdline'] = cmdline
     facts['holders_scanned'] = snapshot.holders_scanned
     facts['host'] = os.uname().nodename
     facts['ts'] = datetime.datetime.now(datetime.timezone.utc).isoformat()
