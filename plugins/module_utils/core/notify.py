@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import datetime
 import errno
+import importlib
 import json
 import os
 import re
 import stat
 import struct
-from urllib.parse import urlsplit
 
 from .errors import InvalidArgument
 from .text import printable
@@ -65,6 +65,11 @@ DEFAULT_REDACT_PATTERNS = (
     r'\b(gh[pousr]_|github_pat_|glpat-|xox[abeprs]-|sk-(?:proj-|ant-|svcacct-)?|[sr]k_live_)[A-Za-z0-9_-]{16,}',
     r'\b(hf_)[A-Za-z0-9]{30,}',
 )
+
+
+def urlsplit(url):
+    """urllib.parse.urlsplit, imported on first use (the webhook): ``list`` does not load urllib.parse."""
+    return importlib.import_module('urllib.parse').urlsplit(url)
 
 
 def default_patterns():

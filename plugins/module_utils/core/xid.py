@@ -24,11 +24,10 @@ container without it), the kernel messages of this boot come from the journal in
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import os
 import re
-import shutil
-import subprocess
 import time
 
 from .model import XidEvent
@@ -222,7 +221,7 @@ def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT, memo=None, boot_id=No
     are read (``--after-cursor``) and the events are the memo's plus the new ones; the full read instead when there
     is no memo (first tick), the cursor is another boot's, journalctl rejects it (rotated journal), or JOURNAL_ENTRIES
     new entries came (more may wait: the newest ones are read, as without a memo)."""
-    journalctl = journalctl or shutil.which('journalctl')
+    journalctl = journalctl or importlib.import_module('shutil').which('journalctl')
     if not journalctl:
         return None, 'no journalctl to read the kernel messages from the journal'
     boot = current_boot_id() if boot_id is None else boot_id
@@ -247,6 +246,7 @@ def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT, memo=None, boot_id=No
 def _journal_entries(journalctl, timeout, extra):
     """(the JSON entries journalctl printed, error)."""
     argv = [journalctl, '-k', '-b', '-o', 'json', '-n', str(JOURNAL_ENTRIES)] + extra + ['--no-pager', '-q']
+    subprocess = importlib.import_module('subprocess')   # on first use: a snapshot without the journal never loads it
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 close_fds=True)

@@ -130,6 +130,6 @@ def test_list_takes_the_policy_from_the_agent_state_cache(tmp_path, fake_host, m
     monkeypatch.setattr(loading, 'read_document_lines', parse)
     with open(paths.policy, 'a') as handle:
         handle.write('# edited\n')
-    monkeypatch.setattr(cli.guard, 'load_state', lambda *_a: ({'policy_cache': {'sha256': 'other', 'document': {}}}, None))
+    monkeypatch.setattr(cli.guard_state, 'load_state', lambda *_a: ({'policy_cache': {'sha256': 'other', 'document': {}}}, None))
     rc, out = run(['list', '--json', '--root', str(tmp_path)])
     assert rc == 0 and json.loads(out)['processes'][0]['cmdline'] == 'python train<redacted> --token=<redacted>'
