@@ -9,10 +9,12 @@ pynvml's ``nvmlDevice*RunningProcesses_v3`` wrappers build a Python object per p
 (three lists per GPU), and ``nvmlDeviceGetProcessUtilization`` a ctypes structure per sample: most
 of the NVML cost of a snapshot at 1,000 processes.  ``ArrayReader`` calls the same library function
 through pynvml's own loaded library (``_nvmlGetFunctionPointer``) with pynvml's own structure type,
-with the same two-call size protocol (a first call without an array for the count, then an array of
-twice that plus five, as pynvml sizes it; NVML_ERROR_INSUFFICIENT_SIZE again, when the count grew
-past it meanwhile, is retried with the new count at most ``GROW_RETRIES`` times), and unpacks the
-filled entries in one pass (``struct.iter_unpack`` over the array's bytes).
+with NVML's size protocol, and unpacks the filled entries in one pass (``struct.iter_unpack`` over
+the array's bytes).  The size protocol: the first call passes an array of FIRST_SIZE entries, or of
+what the reader's largest answer needed so far (pynvml's first call passes none, only to learn the
+count: every list is then read twice, and the driver walks its processes twice); when NVML says
+NVML_ERROR_INSUFFICIENT_SIZE with the count, the next call passes twice that plus five, as pynvml
+sizes it, and a count that grew past that meanwhile is retried at most ``GROW_RETRIES`` times.
 
 ``ArrayReader.of(nvml, ...)`` is None when the binding lacks the function pointer, the structure or
 one of the fields (old drivers and bindings, fakes in tests): the caller then uses pynvml's wrapper.
@@ -28,6 +30,7 @@ import struct
 NVML_SUCCESS = 0
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 GROW_RETRIES = 3
+FIRST_SIZE = 64
 # struct's code ('=' mode: standard sizes) of a ctypes integer, by its size; upper case when unsigned (as ctypes' own codes)
 _CODES = {1: 'b', 2: 'h', 4: 'i', 8: 'q'}
 
@@ -58,11 +61,12 @@ def entry_layout(entry_type, fields):
 class ArrayReader(object):
     """One NVML function that fills an array of ``entry_type``: ``read(call)`` -> [tuple of ``fields``]."""
 
-    def __init__(self, nvml, fn, entry_type, layout):
+    def __init__(self, nvml, fn, entry_type, layout, size=FIRST_SIZE):
         self.nvml = nvml
         self.fn = fn
         self.entry_type = entry_type
         self.layout = layout
+        self.size = size     # the array of the first call: FIRST_SIZE, then what the largest answer needed
 
     @classmethod
     def of(cls, nvml, function, type_name, fields):
@@ -81,20 +85,19 @@ class ArrayReader(object):
 
     def read(self, call):
         """The filled entries as tuples.  ``call(fn, count, array)`` calls the function with the count (a
-        c_uint, in and out) and the array (None for the size); it returns NVML's code."""
-        count = ctypes.c_uint(0)
-        ret = call(self.fn, count, None)
-        array = None
-        for _attempt in range(GROW_RETRIES + 1):
+        c_uint: the array's size in, the number of entries out) and the array; it returns NVML's code."""
+        size = self.size
+        for _attempt in range(GROW_RETRIES + 2):
+            array = (self.entry_type * size)()
+            count = ctypes.c_uint(size)
+            ret = call(self.fn, count, array)
             if ret != NVML_ERROR_INSUFFICIENT_SIZE:
                 break
             size = count.value * 2 + 5
-            array = (self.entry_type * size)()
-            count.value = size
-            ret = call(self.fn, count, array)
         if ret != NVML_SUCCESS:
             raise self.nvml.NVMLError(ret)
-        filled = min(count.value, len(array)) if array is not None else 0
+        self.size = max(self.size, size)
+        filled = min(count.value, size)
         if not filled:
             return []
         return list(self.layout.iter_unpack(ctypes.string_at(array, filled * self.layout.size)))

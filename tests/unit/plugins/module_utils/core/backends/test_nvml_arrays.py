@@ -82,32 +82,36 @@ def test_ctypes_rows_match_the_wrapper(work):
             nvml.nvmlShutdown()
 
 
-def test_count_that_grows_between_the_two_calls_is_read_again(work):
-    """The list grows past the array between the size call and the fill call: NVML says INSUFFICIENT_SIZE
-    with the new count, and the reader calls again with a bigger array."""
-    state, _pids = work.node(1)
+def test_count_that_grows_between_the_calls_is_read_again(work):
+    """An array too small for the list, which then grows past the next array too: NVML says INSUFFICIENT_SIZE
+    with the count each time, and the reader calls again with a bigger array; the next read starts with the
+    size the largest answer needed."""
+    state, _pids = work.node(4)     # two compute processes on GPU 0 (and a graphics and an MPS one)
     more = [work.children.sleeper().pid for _ in range(9)]
     with h.shim_in_process(work.state) as nvml:
         nvml.nvmlInit()
         try:
             reader = _reader(nvml, 'nvmlDeviceGetComputeRunningProcesses_v3')
+            assert reader.size == nvml_arrays.FIRST_SIZE
+            reader.size = 1
             handle = nvml.nvmlDeviceGetHandleByIndex(0)
             real, calls = reader.fn, []
 
             def growing(handle_, count, array):
-                calls.append((count._obj.value, array is None))  # pylint: disable=protected-access
+                calls.append((count._obj.value, len(array)))  # pylint: disable=protected-access
+                result = real(handle_, count, array)
                 if len(calls) == 1:
-                    result = real(handle_, count, array)
-                    # after the size call: 9 more compute processes than the 1 counted (an array of 2 * 1 + 5 is short)
+                    # after the first call (2 processes for an array of 1): 9 more, past the next array (2 * 2 + 5)
                     state['processes'].extend(h.make_process(pid, 0, 10) for pid in more)
                     h.write_state(work.state, state)
-                    return result
-                return real(handle_, count, array)
+                return result
             reader.fn = growing
             rows = nvml_arrays.running_processes(reader, handle)
-            assert sorted(r[0] for r in rows) == sorted([state['processes'][0]['pid']] + more)
-            assert calls == [(0, True), (7, False), (25, False)]    # 1 -> 2 * 1 + 5; 10 -> 2 * 10 + 5
+            assert sorted(r[0] for r in rows) == sorted(p['pid'] for p in state['processes'] if p['gpu'] == 0 and p['type'] == 'compute')
+            assert len(rows) == 11 and calls == [(1, 1), (9, 9), (27, 27)]    # 2 -> 2 * 2 + 5; 11 -> 2 * 11 + 5
             assert rows == nvml_arrays.process_rows(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            del calls[:]
+            assert nvml_arrays.running_processes(reader, handle) == rows and calls == [(27, 27)]   # one call now
         finally:
             nvml.nvmlShutdown()
 
@@ -125,10 +129,11 @@ def test_retries_are_bounded():
                                      nvml_arrays.entry_layout(pynvml.c_nvmlProcessInfo_v3_t, nvml_arrays.PROCESS_FIELDS))
     with pytest.raises(pynvml.NVMLError_InsufficientSize):
         reader.read(lambda fn, count, array: always_more(count))
-    assert len(calls) == 2 + nvml_arrays.GROW_RETRIES
+    assert calls[0] == nvml_arrays.FIRST_SIZE and len(calls) == 2 + nvml_arrays.GROW_RETRIES
     with pytest.raises(pynvml.NVMLError_NoPermission):
         reader.read(lambda fn, count, array: pynvml.NVML_ERROR_NO_PERMISSION)
-    assert reader.read(lambda fn, count, array: nvml_arrays.NVML_SUCCESS) == []
+    assert reader.size == nvml_arrays.FIRST_SIZE     # a failed read does not size the next one
+    assert reader.read(lambda fn, count, array: setattr(count, 'value', 0) or nvml_arrays.NVML_SUCCESS) == []
 
 
 def test_missing_symbol_falls_back_to_the_wrappers(work):
