@@ -255,11 +255,7 @@ def read_exe_identity(pid, proc_root='/proc', dir_cache=None):
     The directories of its path are examined in the process's own root (``/proc/PID/root``), so a
     process of another mount namespace or chroot is judged by the directories it ran from.
     """
-    return _exe_identity_at(os.path.join(proc_root, str(pid)), dir_cache)
-
-
-def _exe_identity_at(base, dir_cache=None):
-    """read_exe_identity of the process directory ``base`` (``/proc/PID``)."""
+    base = os.path.join(proc_root, str(pid))
     link = base + '/exe'
     try:
         path = os.readlink(link)
@@ -357,7 +353,7 @@ def read_identity(pid, proc_root='/proc', during=None, exe=True, dir_cache=None)
             uids = None
         if uids is not None:
             break
-    exe_identity = _exe_identity_at(base, dir_cache) if exe else None
+    exe_identity = read_exe_identity(pid, proc_root, dir_cache) if exe else None
     extra = during() if during is not None else None
     last = _stat_at(base)
     if last is None or last['starttime'] != first['starttime']:
