@@ -526,11 +526,12 @@ class Agent(object):
     (text) goes to ``<root>/etc/gpufleet/policy.yaml``; pass ``--root agent.root`` to the agent.
     """
 
-    def __init__(self, base, policy=None):
+    def __init__(self, base, policy=None, core=None):
+        """``core``: the core directory to install (default: this checkout's; another checkout's for a before/after run)."""
         self.root = os.path.join(base, 'agent-root')
         self.lib = os.path.join(base, 'lib')
         os.makedirs(self.lib)
-        shutil.copytree(os.path.join(MODULE_UTILS, 'core'), os.path.join(self.lib, 'gpufleet_core'),
+        shutil.copytree(core or os.path.join(MODULE_UTILS, 'core'), os.path.join(self.lib, 'gpufleet_core'),
                         ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
         subprocess.run([sys.executable, '-m', 'compileall', '-q', os.path.join(self.lib, 'gpufleet_core')],
                        stdout=subprocess.DEVNULL, check=True)
