@@ -538,8 +538,10 @@ class Agent(object):
         self.launcher = os.path.join(base, 'gpufleet-guard')
         with open(self.launcher, 'w') as handle:
             # as roles/guard/templates/gpufleet-guard.j2 writes it (the collector off for one-shot runs)
-            handle.write('#!%s\nimport gc\nimport sys\n\ngc.disable()\nsys.path.insert(0, %r)\n'
-                         'from gpufleet_core.cli import main  # noqa: E402\n\nsys.exit(main())\n' % (sys.executable, self.lib))
+            handle.write('#!%s\nimport gc\nimport os\nimport sys\n\ngc.disable()\nsys.path.insert(0, %r)\n'
+                         'from gpufleet_core.cli import main  # noqa: E402\n\ncode = main()\n'
+                         'if sys.argv[1:2] == [\'list\']:\n    try:\n        sys.stdout.flush()\n    except OSError:\n'
+                         '        code = 120\n    os._exit(code or 0)\nsys.exit(code)\n' % (sys.executable, self.lib))
         os.chmod(self.launcher, 0o755)
         if policy is not None:
             path = os.path.join(self.root, 'etc', 'gpufleet', 'policy.yaml')
