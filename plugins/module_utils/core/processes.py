@@ -315,14 +315,14 @@ def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False):
     only the fds not read yet are read.
     """
     exclude = set(exclude)
-    readlink = os.readlink
+    readlink, stat = os.readlink, os.stat   # locals: this loop runs for every process
     try:
         proc_fd = os.open(proc_root, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
     except OSError:
         return
     try:
         if pids is not None:
-            entries = [str(int(pid)) for pid in pids]
+            entries = [str(int(pid)) for pid in pids if int(pid) >= 0]
         else:
             try:
                 entries = [e for e in os.listdir(proc_fd) if e.isdigit()]
@@ -331,9 +331,7 @@ def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False):
         if ordered:
             entries.sort(key=int)
         counted = fd_dirs_report_counts(proc_root)
-        for entry in entries:
-            if not entry.isdigit():
-                continue
+        for entry in entries:   # digits only (listed so, or made from numbers)
             pid = int(entry)
             if pid in exclude:
                 continue
@@ -341,7 +339,7 @@ def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False):
             targets, names = [], ()
             if counted:
                 try:
-                    count = os.stat(fd_dir, dir_fd=proc_fd).st_size
+                    count = stat(fd_dir, dir_fd=proc_fd).st_size
                 except OSError:  # gone (or not a process)
                     continue
                 if count <= len(_FD_NAMES):
