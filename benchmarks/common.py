@@ -266,6 +266,17 @@ def peak_rss_kib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def machine_busy_s(stat_path='/proc/stat'):
+    """CPU-seconds the whole machine has spent busy since boot (user, nice, system, irq, softirq of every CPU).
+
+    The difference over a run, minus the controller's own CPU, is what the simulated nodes (and anything else
+    running) spent: on a machine doing nothing else, the nodes' CPU."""
+    with open(stat_path) as handle:
+        fields = handle.readline().split()
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[1:8])
+    return (user + nice + system + irq + softirq) / float(os.sysconf('SC_CLK_TCK'))
+
+
 def process_count(proc_root='/proc'):
     """Processes (not threads) visible in ``proc_root`` now."""
     return sum(1 for name in os.listdir(proc_root) if name.isdigit())
