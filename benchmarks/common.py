@@ -537,8 +537,9 @@ class Agent(object):
     (text) goes to ``<root>/etc/gpufleet/policy.yaml``; pass ``--root agent.root`` to the agent.
     """
 
-    def __init__(self, base, policy=None, core=None):
-        """``core``: the core directory to install (default: this checkout's; another checkout's for a before/after run)."""
+    def __init__(self, base, policy=None, core=None, fast_exit=True):
+        """``core``: the core directory to install (default: this checkout's; another checkout's for a before/after
+        run).  ``fast_exit``: a ``list`` ends with os._exit, as the guard role's launcher does since issue #21."""
         self.root = os.path.join(base, 'agent-root')
         self.lib = os.path.join(base, 'lib')
         os.makedirs(self.lib)
@@ -550,9 +551,11 @@ class Agent(object):
         with open(self.launcher, 'w') as handle:
             # as roles/guard/templates/gpufleet-guard.j2 writes it (the collector off for one-shot runs)
             handle.write('#!%s\nimport gc\nimport os\nimport sys\n\ngc.disable()\nsys.path.insert(0, %r)\n'
-                         'from gpufleet_core.cli import main  # noqa: E402\n\ncode = main()\n'
-                         'if sys.argv[1:2] == [\'list\']:\n    try:\n        sys.stdout.flush()\n    except OSError:\n'
-                         '        code = 120\n    os._exit(code or 0)\nsys.exit(code)\n' % (sys.executable, self.lib))
+                         'from gpufleet_core.cli import main  # noqa: E402\n\ncode = main()\n' % (sys.executable, self.lib))
+            if fast_exit:
+                handle.write('if sys.argv[1:2] == [\'list\']:\n    try:\n        sys.stdout.flush()\n    except OSError:\n'
+                             '        code = 120\n    os._exit(code or 0)\n')
+            handle.write('sys.exit(code)\n')
         os.chmod(self.launcher, 0o755)
         if policy is not None:
             path = os.path.join(self.root, 'etc', 'gpufleet', 'policy.yaml')

@@ -269,6 +269,15 @@ def profile(agent, node, sort='tottime', top=15):
     return result
 
 
+def baseline_fast_exit(checkout):
+    """Whether the launcher of ``checkout``'s guard role skips the interpreter's teardown after a ``list``."""
+    try:
+        with open(os.path.join(checkout, 'roles', 'guard', 'templates', 'gpufleet-guard.j2')) as handle:
+            return 'os._exit' in handle.read()
+    except OSError:
+        return False
+
+
 # ---------------------------------------------------------------------------- the whole grid
 def plan(gpu_counts, host_counts, full_grid=False):
     """The cells, in the order they run: [(G, H)].
@@ -314,8 +323,8 @@ def run(gpu_counts=GPU_COUNTS, host_counts=HOST_COUNTS, reps=3, tools=TOOLS, use
     corners = set([order[0], order[-1]])
     try:
         agent = common.Agent(base, POLICY)
-        base_agent = common.Agent(os.path.join(base, 'baseline'), POLICY, core=os.path.join(baseline, 'plugins', 'module_utils', 'core')) \
-            if baseline else None
+        base_agent = common.Agent(os.path.join(base, 'baseline'), POLICY, core=os.path.join(baseline, 'plugins', 'module_utils', 'core'),
+                                  fast_exit=baseline_fast_exit(baseline)) if baseline else None
         node = common.SimNode(gpus=GPUS)
         sleepers = common.Sleepers()
         for gpu_count, host in order:
