@@ -37,7 +37,7 @@ def work():
         def node(self, count, driver='r550', **extra):
             """A state with ``count`` sleepers on GPU 0 (compute, graphics and MPS in turn; the second one's
             memory not available) and one on GPU 1; returns (state, pids)."""
-            pids = [self.children.sleeper().pid for _ in range(count + 1)]
+            pids = [self.children.sleeper().pid for _index in range(count + 1)]
             kinds = ('compute', 'graphics', 'mps')
             procs = [h.make_process(pid, 0, 100 + i, kinds[i % 3], **extra) for i, pid in enumerate(pids[:-1])]
             if len(procs) > 1:
@@ -87,7 +87,7 @@ def test_count_that_grows_between_the_calls_is_read_again(work):
     with the count each time, and the reader calls again with a bigger array; the next read starts with the
     size the largest answer needed."""
     state, _pids = work.node(4)     # two compute processes on GPU 0 (and a graphics and an MPS one)
-    more = [work.children.sleeper().pid for _ in range(9)]
+    more = [work.children.sleeper().pid for _index in range(9)]
     with h.shim_in_process(work.state) as nvml:
         nvml.nvmlInit()
         try:
