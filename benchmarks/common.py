@@ -266,6 +266,17 @@ def peak_rss_kib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def machine_busy_s(stat_path='/proc/stat'):
+    """CPU-seconds the whole machine has spent busy since boot (user, nice, system, irq, softirq of every CPU).
+
+    The difference over a run, minus the controller's own CPU, is what the simulated nodes (and anything else
+    running) spent: on a machine doing nothing else, the nodes' CPU."""
+    with open(stat_path) as handle:
+        fields = handle.readline().split()
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[1:8])
+    return (user + nice + system + irq + softirq) / float(os.sysconf('SC_CLK_TCK'))
+
+
 def process_count(proc_root='/proc'):
     """Processes (not threads) visible in ``proc_root`` now."""
     return sum(1 for name in os.listdir(proc_root) if name.isdigit())
@@ -526,19 +537,25 @@ class Agent(object):
     (text) goes to ``<root>/etc/gpufleet/policy.yaml``; pass ``--root agent.root`` to the agent.
     """
 
-    def __init__(self, base, policy=None):
+    def __init__(self, base, policy=None, core=None, fast_exit=True):
+        """``core``: the core directory to install (default: this checkout's; another checkout's for a before/after
+        run).  ``fast_exit``: a ``list`` ends with os._exit, as the guard role's launcher does since issue #21."""
         self.root = os.path.join(base, 'agent-root')
         self.lib = os.path.join(base, 'lib')
         os.makedirs(self.lib)
-        shutil.copytree(os.path.join(MODULE_UTILS, 'core'), os.path.join(self.lib, 'gpufleet_core'),
+        shutil.copytree(core or os.path.join(MODULE_UTILS, 'core'), os.path.join(self.lib, 'gpufleet_core'),
                         ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
         subprocess.run([sys.executable, '-m', 'compileall', '-q', os.path.join(self.lib, 'gpufleet_core')],
                        stdout=subprocess.DEVNULL, check=True)
         self.launcher = os.path.join(base, 'gpufleet-guard')
         with open(self.launcher, 'w') as handle:
             # as roles/guard/templates/gpufleet-guard.j2 writes it (the collector off for one-shot runs)
-            handle.write('#!%s\nimport gc\nimport sys\n\ngc.disable()\nsys.path.insert(0, %r)\n'
-                         'from gpufleet_core.cli import main  # noqa: E402\n\nsys.exit(main())\n' % (sys.executable, self.lib))
+            handle.write('#!%s\nimport gc\nimport os\nimport sys\n\ngc.disable()\nsys.path.insert(0, %r)\n'
+                         'from gpufleet_core.cli import main  # noqa: E402\n\ncode = main()\n' % (sys.executable, self.lib))
+            if fast_exit:
+                handle.write('if sys.argv[1:2] == [\'list\']:\n    try:\n        sys.stdout.flush()\n    except OSError:\n'
+                             '        code = 120\n    os._exit(code or 0)\n')
+            handle.write('sys.exit(code)\n')
         os.chmod(self.launcher, 0o755)
         if policy is not None:
             path = os.path.join(self.root, 'etc', 'gpufleet', 'policy.yaml')

@@ -74,8 +74,10 @@ class Bench(object):
         if config == 'default':
             argv = argv + ['-e', 'ansible_pipelining=false']
         # the controller's CPU (ansible and every fork it waited for) and its memory with the forks
+        busy0 = common.machine_busy_s()
         meas = common.run_child(argv, env=self.env(config, control_dir, extra_env), cwd=self.work, timeout=3600,
                                 sample_pss=True)
+        nodes_cpu = max(0.0, common.machine_busy_s() - busy0 - meas.cpu_s)
         seconds = meas.wall_s
         if meas.returncode != 0:
             sys.stdout.write(meas.text()[-4000:])
@@ -85,11 +87,14 @@ class Bench(object):
                'controller_cpu_s': round(meas.cpu_s, 2), 'controller_cpu_per_node_s': round(meas.cpu_s / nodes, 4),
                'controller_peak_rss_mib': round(meas.maxrss_kib / 1024.0, 1),
                'controller_peak_pss_mib': round(meas.peak_pss_kib / 1024.0, 1),
-               'controller_pss_per_node_mib': round(meas.peak_pss_kib / 1024.0 / nodes, 2)}
+               'controller_pss_per_node_mib': round(meas.peak_pss_kib / 1024.0 / nodes, 2),
+               # the rest of the machine's busy time: the simulated nodes' sshd and modules (and any other load)
+               'nodes_cpu_s': round(nodes_cpu, 2), 'nodes_cpu_per_node_s': round(nodes_cpu / nodes, 4)}
         self.results.append(row)
-        print('%-34s %3d nodes  %-22s %7.2f s  (%.3f s/node, load %.1f; controller %.1f CPU-s, %.3f per node, peak %.0f MiB PSS)'
+        print('%-34s %3d nodes  %-22s %7.2f s  (%.3f s/node, load %.1f; controller %.1f CPU-s, %.3f per node, peak %.0f MiB PSS;'
+              ' nodes %.1f CPU-s, %.3f per node)'
               % (label, nodes, row['config'], seconds, seconds / nodes, row['load1'], meas.cpu_s, meas.cpu_s / nodes,
-                 row['controller_peak_pss_mib']), flush=True)
+                 row['controller_peak_pss_mib'], nodes_cpu, nodes_cpu / nodes), flush=True)
         return seconds
 
 

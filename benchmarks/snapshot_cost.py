@@ -19,7 +19,9 @@ tool ``reps`` times, interleaved (the order rotates every repetition):
 * ``fuser``: ``fuser -v DEV/nvidia*`` (psmisc), the holder scan operators use, against the node's
   fake device dir; ``fdscan``: our holder scan alone (core ``scan_device_fds`` with that dir as
   device root, a test seam), as a process, also reporting the scan's own CPU time;
-* ``tick``: ``gpufleet-guard tick --dry-run`` with a dry-run policy (one agent pass; signals nobody).
+* ``tick``: ``gpufleet-guard tick --dry-run`` with a dry-run policy (one agent pass; signals nobody);
+* ``base`` and ``base_holders`` (with ``--baseline CHECKOUT``): ``ours`` and ``ours_holders`` of another
+  checkout's core (main, for a before/after in one run), interleaved with the rest.
 
 Every figure is the median over the repetitions with its spread (min-max); CPU time includes the
 children (wait4), RSS is the peak of the biggest process.  Ratios are per repetition, same run.
@@ -49,6 +51,7 @@ GPU_COUNTS = (10, 100, 1000)
 HOST_COUNTS = (2000, 6000, 10000)
 PEER_REQUIREMENTS = ('gpustat==1.1.1', 'nvitop==1.7.2')
 TOOLS = ('ours', 'ours_holders', 'gpustat', 'nvitop', 'fuser', 'fdscan', 'tick')
+BASELINE_TOOLS = ('base', 'base_holders')   # only with a baseline checkout
 LABELS = {
     'ours': 'gpufleet-guard list --json',
     'ours_holders': 'gpufleet-guard list --json --holders always',
@@ -57,6 +60,8 @@ LABELS = {
     'fuser': 'fuser -v DEV/nvidia*',
     'fdscan': 'core fd scan (process)',
     'tick': 'gpufleet-guard tick --dry-run',
+    'base': 'gpufleet-guard list --json (baseline)',
+    'base_holders': 'gpufleet-guard list --json --holders always (baseline)',
 }
 POLICY = '''mode: dry-run
 users:
@@ -167,7 +172,7 @@ def _seen(tool, text, gpu_pids):
     """How many of the GPU workloads a tool's output shows (None when it cannot tell)."""
     pids = set(gpu_pids)
     try:
-        if tool in ('ours', 'ours_holders'):
+        if tool in ('ours', 'ours_holders', 'base', 'base_holders'):
             return len(set(p['pid'] for p in json.loads(text)['processes']) & pids)
         if tool == 'gpustat':
             return len(set(p['pid'] for g in json.loads(text)['gpus'] for p in (g['processes'] or ())) & pids)
@@ -186,8 +191,9 @@ def _seen(tool, text, gpu_pids):
 
 
 # ---------------------------------------------------------------------------- one cell
-def measure_cell(node, agent, peers, tools, reps, gpu_pids, log):
-    """``reps`` interleaved repetitions of every tool; returns {tool: {...figures...}}."""
+def measure_cell(node, agent, peers, tools, reps, gpu_pids, log, baseline=None):
+    """``reps`` interleaved repetitions of every tool; returns {tool: {...figures...}}.  ``baseline``: the
+    Agent of another checkout (tools ``base``, ``base_holders``)."""
     env_ours = node.env()
     env_peer = node.env()
     if peers and peers.get('python'):
@@ -198,6 +204,9 @@ def measure_cell(node, agent, peers, tools, reps, gpu_pids, log):
         'ours_holders': (agent.command('list', '--json', '--holders', 'always', '--root', agent.root, '--dev-root', node.dev),
                          env_ours),
         'tick': (agent.command('tick', '--dry-run', '--json', '--root', agent.root, '--dev-root', node.dev), env_ours),
+        'base': (baseline.command('list', '--json', '--root', baseline.root, '--dev-root', node.dev) if baseline else None, env_ours),
+        'base_holders': (baseline.command('list', '--json', '--holders', 'always', '--root', baseline.root, '--dev-root', node.dev)
+                         if baseline else None, env_ours),
         'fdscan': (agent.code(FDSCAN_CODE, node.dev), env_ours),
         'phases': (agent.code(PHASES_CODE, node.dev), env_ours),
         'fuser': (['fuser', '-v'] + dev_files, env_ours),
@@ -220,6 +229,8 @@ def measure_cell(node, agent, peers, tools, reps, gpu_pids, log):
     # one tick first, as on a node where the guard's timer runs: it leaves the policy document cached
     # in the agent's state, which `list` reads instead of parsing the YAML again
     common.run_child(commands['tick'][0], env=env_ours)
+    if baseline:
+        common.run_child(baseline.command('tick', '--dry-run', '--json', '--root', baseline.root, '--dev-root', node.dev), env=env_ours)
 
     runs, notes = common.interleaved(commands, tools, reps, inspect, ok)
     result = {}
@@ -235,7 +246,8 @@ def measure_cell(node, agent, peers, tools, reps, gpu_pids, log):
             fig['phases'] = dict((name, common.stats([e[name] for e in entries])) for name in PHASES)
     # per-repetition ratios (same repetition, same node state)
     for mine, peer in (('ours', 'gpustat'), ('ours', 'nvitop'), ('ours_holders', 'gpustat'), ('fdscan', 'fuser'),
-                       ('tick', 'gpustat')):
+                       ('tick', 'gpustat'), ('base', 'gpustat'), ('base', 'nvitop'), ('base_holders', 'gpustat'),
+                       ('ours', 'base'), ('ours_holders', 'base_holders')):
         if mine in result and peer in result:
             for key in ('cpu_s', 'wall_s', 'maxrss_kib'):
                 values = common.ratios([e[key] for e in runs[mine]], [e[key] for e in runs[peer]])
@@ -257,6 +269,15 @@ def profile(agent, node, sort='tottime', top=15):
     return result
 
 
+def baseline_fast_exit(checkout):
+    """Whether the launcher of ``checkout``'s guard role skips the interpreter's teardown after a ``list``."""
+    try:
+        with open(os.path.join(checkout, 'roles', 'guard', 'templates', 'gpufleet-guard.j2')) as handle:
+            return 'os._exit' in handle.read()
+    except OSError:
+        return False
+
+
 # ---------------------------------------------------------------------------- the whole grid
 def plan(gpu_counts, host_counts, full_grid=False):
     """The cells, in the order they run: [(G, H)].
@@ -276,8 +297,9 @@ def plan(gpu_counts, host_counts, full_grid=False):
 
 
 def run(gpu_counts=GPU_COUNTS, host_counts=HOST_COUNTS, reps=3, tools=TOOLS, use_peers=True, peers_dir=None,
-        profile_top=15, full_grid=False, log=print):
-    """The grid; returns a JSON-able dict (cells, fits, goals, profile, versions)."""
+        profile_top=15, full_grid=False, log=print, baseline=None):
+    """The grid; returns a JSON-able dict (cells, fits, goals, profile, versions).  ``baseline``: another
+    checkout whose core runs as ``base`` and ``base_holders`` (added to ``tools``)."""
     started = time.monotonic()
     tools = list(tools)
     peers = None
@@ -292,6 +314,7 @@ def run(gpu_counts=GPU_COUNTS, host_counts=HOST_COUNTS, reps=3, tools=TOOLS, use
         tools = [t for t in tools if t not in ('gpustat', 'nvitop')]
     if shutil.which('fuser') is None:
         tools = [t for t in tools if t != 'fuser']
+    tools = [t for t in tools if t not in BASELINE_TOOLS] + (list(BASELINE_TOOLS) if baseline else [])
     base = tempfile.mkdtemp(prefix='gpufleet-bench-snap-')
     cells = []
     prof = None
@@ -300,6 +323,8 @@ def run(gpu_counts=GPU_COUNTS, host_counts=HOST_COUNTS, reps=3, tools=TOOLS, use
     corners = set([order[0], order[-1]])
     try:
         agent = common.Agent(base, POLICY)
+        base_agent = common.Agent(os.path.join(base, 'baseline'), POLICY, core=os.path.join(baseline, 'plugins', 'module_utils', 'core'),
+                                  fast_exit=baseline_fast_exit(baseline)) if baseline else None
         node = common.SimNode(gpus=GPUS)
         sleepers = common.Sleepers()
         for gpu_count, host in order:
@@ -311,9 +336,11 @@ def run(gpu_counts=GPU_COUNTS, host_counts=HOST_COUNTS, reps=3, tools=TOOLS, use
             sleepers.to_total(host)
             actual = common.process_count()
             cell_tools = tools + (['phases'] if (gpu_count, host) in corners and 'ours' in tools else [])
-            figures = measure_cell(node, agent, peers, cell_tools, reps, node.pids, log)
+            load = [os.getloadavg()[0]]
+            figures = measure_cell(node, agent, peers, cell_tools, reps, node.pids, log, base_agent)
+            load.append(os.getloadavg()[0])
             cell = {'gpu_processes': gpu_count, 'host_target': host, 'host_processes': actual,
-                    'sleepers': sleepers.count, 'tools': figures}
+                    'sleepers': sleepers.count, 'tools': figures, 'loadavg': load}
             cells.append(cell)
             log(cell_line(cell))
         if profile_top:
@@ -325,7 +352,7 @@ def run(gpu_counts=GPU_COUNTS, host_counts=HOST_COUNTS, reps=3, tools=TOOLS, use
               'peers': {'requirements': list(PEER_REQUIREMENTS), 'versions': (peers or {}).get('versions'),
                         'error': peer_error},
               'fuser': common.tool_version(['fuser', '--version']) if shutil.which('fuser') else 'not installed (apt-get install psmisc)',
-              'seconds': time.monotonic() - started}
+              'seconds': time.monotonic() - started, 'baseline': baseline}
     return finish(result)
 
 
@@ -447,6 +474,28 @@ def cell_line(cell):
     return '  '.join(parts)
 
 
+RATIO_PAIRS = (('ours', 'gpustat'), ('ours', 'nvitop'), ('ours_holders', 'gpustat'), ('base', 'gpustat'), ('base', 'nvitop'),
+               ('base_holders', 'gpustat'), ('ours', 'base'), ('ours_holders', 'base_holders'))
+
+
+def ratio_table(result):
+    """CPU-time ratios per cell (medians of the per-repetition ratios, with their spread) and the load average."""
+    pairs = [(mine, peer) for mine, peer in RATIO_PAIRS
+             if any(peer in c['tools'].get(mine, {}).get('ratio', {}) for c in result['cells'])]
+    if not pairs:
+        return []
+    lines = ['', 'CPU time ratios (per repetition, same run; median and spread), load average at the start and end of the cell:', '',
+             '| GPU procs | host procs | ' + ' | '.join('%s / %s' % (mine, peer) for mine, peer in pairs) + ' | load |',
+             '|---' * (3 + len(pairs)) + '|']
+    for cell in result['cells']:
+        row = ['%d' % cell['gpu_processes'], '%d' % cell['host_processes']]
+        row.extend(common.fmt(cell['tools'][mine]['ratio'][peer]['cpu_s'], digits=2)
+                   if peer in cell['tools'].get(mine, {}).get('ratio', {}) else '-' for mine, peer in pairs)
+        row.append('-'.join('%.1f' % x for x in cell.get('loadavg', ())) or '-')
+        lines.append('| ' + ' | '.join(row) + ' |')
+    return lines
+
+
 def markdown(result):
     """The results as markdown tables (used by benchmarks/run for docs/benchmarks.md)."""
     tools = [t for t in result['tools'] if any(t in c['tools'] for c in result['cells'])]
@@ -461,6 +510,7 @@ def markdown(result):
             row = ['%d' % cell['gpu_processes'], '%d' % cell['host_processes']]
             row.extend(common.fmt(cell['tools'][t][key], scale, digits) if t in cell['tools'] else '-' for t in tools)
             lines.append('| ' + ' | '.join(row) + ' |')
+    lines.extend(ratio_table(result))
     return '\n'.join(lines)
 
 
@@ -474,11 +524,14 @@ def main(argv=None):
     parser.add_argument('--no-peers', action='store_true', help='skip gpustat and nvitop (no venv is created)')
     parser.add_argument('--peers-venv', help='where the peers venv lives (default build/bench/peers-venv)')
     parser.add_argument('--json', help='write the figures here')
+    parser.add_argument('--baseline', metavar='CHECKOUT',
+                        help='another checkout (e.g. a worktree of main) whose core also runs, interleaved: base, base_holders')
     args = parser.parse_args(argv)
     if not os.path.isfile(common.SHIM):
         sys.exit('the simulator is not built: run "make sim"')
     result = run([int(x) for x in args.gpu_counts.split(',')], [int(x) for x in args.host_counts.split(',')], args.reps,
-                 args.tools.split(','), not args.no_peers, args.peers_venv, full_grid=args.full_grid)
+                 args.tools.split(','), not args.no_peers, args.peers_venv, full_grid=args.full_grid,
+                 baseline=os.path.abspath(args.baseline) if args.baseline else None)
     print(markdown(result))
     for goal in result['goals']:
         print('# goal: %s: %s (%s)' % (goal['goal'], {True: 'met', False: 'NOT met', None: 'n/a'}[goal['met']], goal['figure']))

@@ -19,8 +19,8 @@ from __future__ import annotations
 import datetime
 import errno
 import fcntl
-import getpass
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -119,7 +119,7 @@ def now_iso():
 def actor():
     """Who is acting: the login name of the effective user, and the Ansible/sudo user if any."""
     try:
-        name = getpass.getuser()
+        name = importlib.import_module('getpass').getuser()   # imported here: a ``list`` never loads it
     except Exception:  # pylint: disable=broad-except
         name = str(os.geteuid())
     return {'user': name, 'uid': os.geteuid(), 'sudo_user': os.environ.get('SUDO_USER'), 'host': os.uname().nodename}

@@ -29,7 +29,7 @@ import sys
 import os
 import time
 
-from . import audit_log, constants, guard, notify as notify_mod, policy as policy_mod
+from . import constants, guard_settings, guard_state, notify as notify_mod, policy as policy_mod
 from .errors import GpuFleetError
 from .text import printable, printable_lines
 from .units import human_duration
@@ -41,9 +41,9 @@ VERSION = '1.0.0'
 def _common(parser):
     group = parser.add_argument_group('paths')
     group.add_argument('--root', help='prefix every default path with this directory (tests)')
-    for name in sorted(guard.DEFAULT_PATHS):
+    for name in sorted(guard_settings.DEFAULT_PATHS):
         group.add_argument('--%s' % name.replace('_', '-'), dest='path_%s' % name, metavar='PATH',
-                           help='default: %s' % guard.DEFAULT_PATHS[name])
+                           help='default: %s' % guard_settings.DEFAULT_PATHS[name])
     parser.add_argument('--vendor', choices=constants.VENDOR_CHOICES, help='GPU vendors to read')
     parser.add_argument('--dev-root', action='append', dest='dev_roots', help=argparse.SUPPRESS)  # test seam
 
@@ -151,13 +151,13 @@ def _slurm_script_parser(sub, script):
 
 
 def _paths(args):
-    overrides = dict((name, getattr(args, 'path_%s' % name, None)) for name in guard.DEFAULT_PATHS)
-    return guard.Paths(root=getattr(args, 'root', None), **overrides)
+    overrides = dict((name, getattr(args, 'path_%s' % name, None)) for name in guard_settings.DEFAULT_PATHS)
+    return guard_settings.Paths(root=getattr(args, 'root', None), **overrides)
 
 
 def _settings(args, paths):
-    explicit = dict((name, getattr(args, 'path_%s' % name, None)) for name in guard.DEFAULT_PATHS)
-    settings = guard.load_settings(paths.settings, paths)
+    explicit = dict((name, getattr(args, 'path_%s' % name, None)) for name in guard_settings.DEFAULT_PATHS)
+    settings = guard_settings.load_settings(paths.settings, paths)
     # command-line paths win over the settings file
     for name, value in explicit.items():
         if value is not None:
@@ -214,7 +214,7 @@ def cmd_tick(args, out):
     settings = _settings(args, paths)
     if args.dry_run:
         settings.mode = 'dry-run'
-    summary = guard.run_tick(paths, settings, now=args.now, dev_roots=args.dev_roots)
+    summary = _module('guard').run_tick(paths, settings, now=args.now, dev_roots=args.dev_roots)
     if args.quiet:
         if summary['rc'] != 0:
             _err(summary.get('error') or 'the tick failed: %s' % '; '.join(summary.get('warnings') or ()))
@@ -239,7 +239,7 @@ def cmd_tick(args, out):
 def cmd_test(args, out):
     paths = _paths(args)
     settings = _settings(args, paths)
-    summary = guard.preview(paths, settings, now=args.now, dev_roots=args.dev_roots)
+    summary = _module('guard').preview(paths, settings, now=args.now, dev_roots=args.dev_roots)
     if args.json:
         _print_json(summary, out)
         return summary['rc']
@@ -321,8 +321,9 @@ def render_list(snapshot, patterns, now=None, width=160):
                                                           _fmt(dev.power_w, 'W'), len(dev.driver_processes)))
     lines.append('')
     lines.append('%-8s %-12s %-6s %9s %5s %9s  %s' % ('PID', 'USER', 'GPU', 'MEM MiB', 'UTIL', 'AGE', 'COMMAND'))
-    for proc in sorted(snapshot.processes, key=lambda p: (-(p.used_mib or 0), p.pid)):
-        cmd = notify_mod.redact(proc.cmdline, patterns) or proc.name or '?'
+    procs = sorted(snapshot.processes, key=lambda p: (-(p.used_mib or 0), p.pid))
+    for proc, cmd in zip(procs, notify_mod.redact_many([proc.cmdline for proc in procs], patterns)):
+        cmd = cmd or proc.name or '?'
         line = '%-8d %-12s %-6s %9s %5s %9s  %s' % (
             proc.pid, printable(proc.user or '?')[:12], ','.join(str(g) for g in proc.gpu_indexes), _fmt(proc.used_mib),
             _fmt(proc.util_pct, '%'), _age(proc.create_time, now), printable(cmd))
@@ -334,10 +335,9 @@ def render_list(snapshot, patterns, now=None, width=160):
 
 def list_json(snapshot, patterns):
     facts = snapshot.to_facts()
-    for proc in facts['processes']:
-        proc['cmdline'] = notify_mod.redact(proc['cmdline'], patterns)
-    for holder in facts['holders']:
-        holder['cmdline'] = notify_mod.redact(holder['cmdline'], patterns)
+    listed = facts['processes'] + facts['holders']
+    for item, cmdline in zip(listed, notify_mod.redact_many([item['cmdline'] for item in listed], patterns)):
+        item['cmdline'] = cmdline
     facts['holders_scanned'] = snapshot.holders_scanned
     facts['host'] = os.uname().nodename
     facts['ts'] = datetime.datetime.now(datetime.timezone.utc).isoformat()
@@ -385,7 +385,7 @@ def _patterns(paths):
     """The policy's redaction patterns.  The policy document comes from the agent state's cache when
     the file's SHA-256 matches it, as at a tick (no YAML parsing); ``list`` never writes the state."""
     try:
-        cache = guard.load_state(paths.state, time.time())[0].get('policy_cache') if paths.state else None
+        cache = guard_state.load_state(paths.state, time.time())[0].get('policy_cache') if paths.state else None
         return policy_mod.load_policy_cached(paths.policy, dict(cache) if isinstance(cache, dict) else {}).notify.redact_patterns
     except policy_mod.PolicyError:
         return notify_mod.default_patterns()
@@ -404,6 +404,12 @@ def cmd_kill(args, out):
     result = reclaim(selector, options, check_mode=args.dry_run, dev_roots=args.dev_roots)
     _print_json(result, out)
     return 1 if result['failed'] else 0
+
+
+def _module(name):
+    """The core module ``name`` (guard, audit_log), imported on first use: ``list`` and ``check-config`` do not
+    load what a tick or the log check needs (about 10 ms of a ``list``'s start-up)."""
+    return importlib.import_module('.' + name, __package__)
 
 
 def _core_module(name, command):
@@ -459,7 +465,7 @@ def cmd_verify_log(args, out):
     files = args.files or [_paths(args).log]
     results = []
     for path in files:
-        result = audit_log.verify(path)
+        result = _module('audit_log').verify(path)
         result['file'] = path
         results.append(result)
     if args.json:

@@ -87,8 +87,13 @@ def parse_stat(text):
 
 def read_stat(pid, proc_root='/proc'):
     """parse_stat() of /proc/PID/stat, or None when the process is gone (or its stat is malformed)."""
+    return _stat_at(os.path.join(proc_root, str(pid)))
+
+
+def _stat_at(base):
+    """read_stat of the process directory ``base`` (``/proc/PID``)."""
     try:
-        return parse_stat(read_bytes(os.path.join(proc_root, str(pid), 'stat')).decode('utf-8', 'replace'))
+        return parse_stat(read_bytes(base + '/stat').decode('utf-8', 'replace'))
     except (OSError, ValueError, IndexError):
         return None
 
@@ -251,7 +256,7 @@ def read_exe_identity(pid, proc_root='/proc', dir_cache=None):
     process of another mount namespace or chroot is judged by the directories it ran from.
     """
     base = os.path.join(proc_root, str(pid))
-    link = os.path.join(base, 'exe')
+    link = base + '/exe'
     try:
         path = os.readlink(link)
     except OSError:
@@ -262,7 +267,7 @@ def read_exe_identity(pid, proc_root='/proc', dir_cache=None):
     except OSError:  # the path is known, the file is not: nothing about it is vouched for
         return ExeIdentity(path, deleted, None, None, None, 0, None)
     # deleted: the package was upgraded while it runs; its directories are still what they were
-    writable = dirs_writable(path[:-len(' (deleted)')] if deleted else path, dir_cache, os.path.join(base, 'root'))
+    writable = dirs_writable(path[:-len(' (deleted)')] if deleted else path, dir_cache, base + '/root')
     return ExeIdentity(path, deleted, info.st_dev, info.st_ino, info.st_uid, info.st_mode, writable)
 
 
@@ -336,20 +341,21 @@ def read_identity(pid, proc_root='/proc', during=None, exe=True, dir_cache=None)
     named another process by the end (a record read across a pid reuse is discarded whole, so no
     field of one process is ever attributed to another).  Exceptions from ``during`` propagate.
     """
-    first = read_stat(pid, proc_root)
+    base = os.path.join(proc_root, str(pid))   # joined once: the reads below are in its directory
+    first = _stat_at(base)
     if first is None:
         return None, None
     uids = None
     for _attempt in range(2):  # an owner that cannot be read is read once more
         try:
-            uids = parse_status_uids(read_bytes(os.path.join(proc_root, str(pid), 'status'), STATUS_LIMIT))
+            uids = parse_status_uids(read_bytes(base + '/status', STATUS_LIMIT))
         except OSError:
             uids = None
         if uids is not None:
             break
     exe_identity = read_exe_identity(pid, proc_root, dir_cache) if exe else None
     extra = during() if during is not None else None
-    last = read_stat(pid, proc_root)
+    last = _stat_at(base)
     if last is None or last['starttime'] != first['starttime']:
         return None, None
     return Identity(pid, last['starttime'], last['state'], last['ppid'], last['session'], last['flags'], last['comm'],

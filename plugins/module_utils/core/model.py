@@ -526,7 +526,8 @@ class GpuProcess(_Record):
         """Copy the host process table's view of this pid (a ProcessRecord)."""
         for name in ('status', 'user', 'uid', 'name', 'cmdline', 'create_time', 'starttime', 'ppid', 'exe',
                      'container', 'slurm_job', 'device_paths', 'identity'):
-            setattr(self, name, copy.copy(getattr(record, name)))
+            value = getattr(record, name)   # copy.copy of None, a number or a text is that value: skip its machinery
+            setattr(self, name, value if value is None or value.__class__ in (int, str, float) else copy.copy(value))
 
     def to_dict(self):
         return {

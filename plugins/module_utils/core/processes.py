@@ -279,6 +279,8 @@ def device_key(path, dev_roots=None):
 
 # fd names for the counted walk below: "0" .. "255"
 _FD_NAMES = tuple(str(fd) for fd in range(256))
+# how many absent fd numbers the counted walk tries past before it lists the directory
+_FD_GAPS = 4
 
 
 def fd_dirs_report_counts(proc_root='/proc'):
@@ -307,18 +309,20 @@ def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False):
     so it makes as few system calls as it can: links are read relative to one open ``proc_root``
     (no path walk from /), and where procfs reports the number of open fds as the fd directory's
     size (Linux 6.2+) a process whose fds are 0..N-1, as most are, costs one stat and N readlinks
-    instead of an open, a stat, two getdents, a close and the N readlinks; at a gap in the numbers
-    (a readlink fails) the directory is listed and only the fds not read yet are read.
+    instead of an open, a stat, two getdents, a close and the N readlinks.  A few gaps in the numbers
+    (a GPU process's closed set-up fds) cost a failed readlink each: the walk goes on until it has
+    read N links; after _FD_GAPS absent numbers, or when a link is denied, the directory is listed and
+    only the fds not read yet are read.
     """
     exclude = set(exclude)
-    readlink = os.readlink
+    readlink, stat = os.readlink, os.stat   # locals: this loop runs for every process
     try:
         proc_fd = os.open(proc_root, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
     except OSError:
         return
     try:
         if pids is not None:
-            entries = [str(int(pid)) for pid in pids]
+            entries = [str(int(pid)) for pid in pids if int(pid) >= 0]
         else:
             try:
                 entries = [e for e in os.listdir(proc_fd) if e.isdigit()]
@@ -327,27 +331,29 @@ def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False):
         if ordered:
             entries.sort(key=int)
         counted = fd_dirs_report_counts(proc_root)
-        for entry in entries:
-            if not entry.isdigit():
-                continue
+        for entry in entries:   # digits only (listed so, or made from numbers)
             pid = int(entry)
             if pid in exclude:
                 continue
             fd_dir = entry + '/fd/'
-            targets = []
+            targets, names = [], ()
             if counted:
                 try:
-                    count = os.stat(fd_dir, dir_fd=proc_fd).st_size
+                    count = stat(fd_dir, dir_fd=proc_fd).st_size
                 except OSError:  # gone (or not a process)
                     continue
                 if count <= len(_FD_NAMES):
                     try:
                         for name in _FD_NAMES[:count]:
                             targets.append(readlink(fd_dir + name, dir_fd=proc_fd))
-                    except OSError:  # a gap in the fd numbers, a closed fd, or no permission: list them
-                        pass
+                    except PermissionError:  # list them: the listing tells a denied directory
+                        names = _FD_NAMES[:len(targets)]
+                    except OSError:  # a gap in the fd numbers, or a closed fd: read on past it
+                        names = _read_past_gaps(readlink, fd_dir, proc_fd, count, targets)
                     else:
-                        yield pid, _FD_NAMES[:count], targets, True
+                        names = _FD_NAMES[:count]
+                    if len(targets) == count:
+                        yield pid, names, targets, True
                         continue
             try:
                 listed = os.listdir(os.path.join(proc_root, entry, 'fd'))
@@ -356,8 +362,8 @@ def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False):
                 continue
             except OSError:  # gone (FileNotFoundError, ProcessLookupError) or not a process
                 continue
-            # the fds below the gap are read already: read only the others
-            names, complete = list(_FD_NAMES[:len(targets)]), True
+            # the fds read above are read already: read only the others
+            names, complete = list(names), True
             done = frozenset(names)
             for name in listed:
                 if name in done:
@@ -373,6 +379,27 @@ def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False):
             yield pid, names, targets, complete
     finally:
         os.close(proc_fd)
+
+
+def _read_past_gaps(readlink, fd_dir, proc_fd, count, targets):
+    """walk_fd_links after a failed readlink of fd ``len(targets)``: the links of the next fd numbers into
+    ``targets`` until ``count`` are read, at most _FD_GAPS absent numbers, or a denied link; the names read."""
+    names = list(_FD_NAMES[:len(targets)])
+    gaps = 1
+    for name in _FD_NAMES[len(targets) + 1:]:
+        if len(targets) == count:
+            break
+        try:
+            targets.append(readlink(fd_dir + name, dir_fd=proc_fd))
+        except PermissionError:
+            break
+        except OSError:
+            gaps += 1
+            if gaps > _FD_GAPS:
+                break
+            continue
+        names.append(name)
+    return names
 
 
 def scan_device_fds(proc_root='/proc', dev_roots=None, exclude=(), pids=None):

@@ -73,7 +73,18 @@ def xid_events(dev):
     return list(dev.xid_events or ())
 
 
-def event_key(dev, event):
+def event_key(dev, event, boot=None):
+    """What identifies a handled event in the ladder's state: the GPU, the boot and the kernel's own stamp of the
+    record (xid.with_stamp), the code and the pid.  Never the epoch ``time``: it is converted through each read's
+    clocks and moves by milliseconds between reads, and a handled Xid must not come back as a new one."""
+    stamp = getattr(event, 'stamp', None)
+    if stamp is None:   # a source without the kernel's stamp (a log line without its header)
+        return legacy_event_key(dev, event)
+    return '%s|%s@%d|%s|%s' % (dev.key, boot or '', stamp, event.code, event.pid)
+
+
+def legacy_event_key(dev, event):
+    """The key states written before the kernel stamp was kept (epoch time based): still honoured."""
     return '%s|%s|%s|%s' % (dev.key, event.time, event.code, event.pid)
 
 
@@ -261,16 +272,24 @@ def _selected(snapshot, options):
     return devices
 
 
-def _classify(ladder, dev, options, handled):
-    """Findings and steps from the Xid events, the recovery action, orphaned memory and health."""
+def _classify(ladder, dev, options, handled, reset_at=None, boot=None):
+    """Findings and steps from the Xid events, the recovery action, orphaned memory and health.
+
+    An event is handled when the state remembers its key, or when a verified reset of this GPU ran after it
+    (``reset_at``: that reset is what recovered the GPU; health_since leaves such events out of health too)."""
     for event in xid_events(dev):
-        key = event_key(dev, event)
+        key = event_key(dev, event, boot)
         remediation = event.action if event.action != 'none' else None
         evidence = {'source': 'xid', 'code': event.code, 'time': event.time, 'pid': event.pid, 'name': event.name,
                     'log': event.source, 'fault': event.fault, 'remediation': remediation, 'message': event.message}
-        if key in handled:
-            evidence['handled'] = handled[key]
+        when = handled.get(key, handled.get(legacy_event_key(dev, event)))
+        if when is None and reset_at is not None and event.time is not None and event.time < reset_at:
+            when = reset_at
+        if when is not None:
+            evidence['handled'] = when
             ladder.findings.append(evidence)
+            if key not in handled:
+                ladder.handled.append(key)   # remembered under its stable key from now on
             continue
         ladder.findings.append(evidence)
         what = 'Xid %d (%s fault)' % (event.code, event.fault)
@@ -321,11 +340,13 @@ def plan_remediation(snapshot, options, ladder_state=None, reboot_flag=None):
     (its GPUs wait for the reboot: their steps are left out).
     """
     handled = (ladder_state or {}).get('handled') or {}
+    reset_at = (ladder_state or {}).get('reset_at') or {}
     waiting = ((reboot_flag or {}).get('gpus') or {})
+    boot = boot_id()
     ladders = []
     for dev in _selected(snapshot, options):
         ladder = GpuLadder(dev)
-        _classify(ladder, dev, options, handled)
+        _classify(ladder, dev, options, handled, reset_at.get(dev.key), boot)
         if dev.key in waiting:
             ladder.awaiting_reboot = waiting[dev.key]
             ladder.steps = []

@@ -24,11 +24,10 @@ container without it), the kernel messages of this boot come from the journal in
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import os
 import re
-import shutil
-import subprocess
 import time
 
 from .model import XidEvent
@@ -149,10 +148,22 @@ def parse_record(record, boot_epoch):
     if not sep:
         return parse_line(record)
     fields = header.split(',')
-    time_s = None
-    if len(fields) >= 3 and fields[2].isdigit() and boot_epoch is not None:
-        time_s = round(boot_epoch + int(fields[2]) / 1e6, 3)
-    return parse_line(message.split('\n', 1)[0], time_s)
+    time_s = stamp = None
+    if len(fields) >= 3 and fields[2].isdigit():
+        stamp = int(fields[2])
+        if boot_epoch is not None:
+            time_s = round(boot_epoch + stamp / 1e6, 3)
+    return with_stamp(parse_line(message.split('\n', 1)[0], time_s), stamp)
+
+
+def with_stamp(event, stamp):
+    """``event`` (or None) with ``stamp``: the kernel's own time of the record, microseconds of CLOCK_MONOTONIC
+    (the /dev/kmsg USEC field, the journal's _SOURCE_MONOTONIC_TIMESTAMP of a kernel message).  Unlike ``time``,
+    which converts it to epoch seconds through this read's clocks (and so moves by a few ms between reads
+    under load, or by a clock step), it is the same on every read of this boot: what identifies the event."""
+    if event is not None:
+        event.stamp = stamp
+    return event
 
 
 def read_kmsg(path=None, now=None, monotonic=None, memo=None):
@@ -222,7 +233,7 @@ def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT, memo=None, boot_id=No
     are read (``--after-cursor``) and the events are the memo's plus the new ones; the full read instead when there
     is no memo (first tick), the cursor is another boot's, journalctl rejects it (rotated journal), or JOURNAL_ENTRIES
     new entries came (more may wait: the newest ones are read, as without a memo)."""
-    journalctl = journalctl or shutil.which('journalctl')
+    journalctl = journalctl or importlib.import_module('shutil').which('journalctl')
     if not journalctl:
         return None, 'no journalctl to read the kernel messages from the journal'
     boot = current_boot_id() if boot_id is None else boot_id
@@ -247,6 +258,7 @@ def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT, memo=None, boot_id=No
 def _journal_entries(journalctl, timeout, extra):
     """(the JSON entries journalctl printed, error)."""
     argv = [journalctl, '-k', '-b', '-o', 'json', '-n', str(JOURNAL_ENTRIES)] + extra + ['--no-pager', '-q']
+    subprocess = importlib.import_module('subprocess')   # on first use: a snapshot without the journal never loads it
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 close_fds=True)
@@ -282,7 +294,8 @@ def _journal_events(entries):
         time_s = round(int(stamp) / 1e6, 3) if isinstance(stamp, str) and stamp.isdigit() else None
         event = parse_line(message, time_s) if isinstance(message, str) and 'Xid' in message else None
         if event is not None:
-            events.append(event)
+            source = entry.get('_SOURCE_MONOTONIC_TIMESTAMP')
+            events.append(with_stamp(event, int(source) if isinstance(source, str) and source.isdigit() else None))
     return events
 
 
@@ -310,12 +323,13 @@ def current_boot_id(path=BOOT_ID_PATH):
 def event_dict(event):
     """What the memo keeps of an event (the classification is the table's, derived again when it is read)."""
     return {'time': event.time, 'code': event.code, 'pid': event.pid, 'name': event.name, 'pci_bus_id': event.pci_bus_id,
-            'message': event.message}
+            'message': event.message, 'stamp': getattr(event, 'stamp', None)}
 
 
 def event_from_dict(item):
-    return make_event(item['code'], 'kmsg', time_s=item['time'], pid=item['pid'], name=item['name'],
-                      pci_bus_id=item['pci_bus_id'], message=item['message'])
+    event = make_event(item['code'], 'kmsg', time_s=item['time'], pid=item['pid'], name=item['name'],
+                       pci_bus_id=item['pci_bus_id'], message=item['message'])
+    return with_stamp(event, item.get('stamp'))
 
 
 def _valid_event(item):
@@ -324,7 +338,8 @@ def _valid_event(item):
 
     def integer(value, low, high):
         return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-    return (isinstance(item, dict) and set(item) == {'time', 'code', 'pid', 'name', 'pci_bus_id', 'message'}
+    return (isinstance(item, dict) and set(item) - {'stamp'} == {'time', 'code', 'pid', 'name', 'pci_bus_id', 'message'}
+            and (item.get('stamp') is None or integer(item['stamp'], 0, 1 << 62))
             and integer(item['code'], 0, 1 << 20) and (item['pid'] is None or integer(item['pid'], 1, 1 << 32))
             and (item['time'] is None or (isinstance(item['time'], (int, float)) and not isinstance(item['time'], bool)
                                           and 0 <= item['time'] < 1e11))

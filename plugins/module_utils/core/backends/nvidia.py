@@ -11,7 +11,8 @@ Version differences handled here:
   separately and its ``used`` excludes it; older drivers only have v1 (FunctionNotFound), whose
   ``used`` is what the driver counted as allocated.  ``memory_used_mib`` is v2 ``used`` when
   available, else v1 ``used``.
-* Processes: the unversioned ``nvmlDeviceGet*RunningProcesses`` wrappers call ``_v3`` and raise
+* Processes: the ``_v3`` arrays are read through ctypes (nvml_arrays: no Python object per entry); without
+  that symbol, the unversioned ``nvmlDeviceGet*RunningProcesses`` wrappers call ``_v3`` and raise
   ``NVMLLibraryMismatchError`` (not an NVMLError) when the driver lacks it; we then use ``_v2``.
 * ``usedGpuMemory`` is ``None`` when NVML says NVML_VALUE_NOT_AVAILABLE (WDDM, MIG without
   privilege); it stays ``None``.
@@ -29,7 +30,7 @@ import ctypes
 import os
 import time
 from .. import kmod, watchdog, xid as xid_mod
-from . import nvidia_mig
+from . import nvidia_mig, nvml_arrays
 from .nvidia_mig import nvml_text as _text
 from ..model import RECOVERY_ACTIONS, BackendStatus, Device, bytes_to_mib
 from .base import FAIL, NOT_EXPOSED, PASS, REBOOT_ACTIONS, WARN, Backend, error_text, last_line, recovery_action
@@ -107,6 +108,7 @@ class NvidiaBackend(Backend):
         self.event_timeout_ms = 0    # how long devices() waits for Xid events (0: what is pending)
         self._mem_v2 = None          # None: not tried yet, True/False once known
         self._proc_v2 = {}           # list kind -> True once the unversioned (_v3) call is missing
+        self._arrays = {}            # NVML function -> its nvml_arrays.ArrayReader, or False: pynvml's wrapper
         if nvml is not None:
             self.NVMLError = getattr(nvml, 'NVMLError', _Never)
             self.GpuIsLost = getattr(nvml, 'NVMLError_GpuIsLost', _Never)
@@ -407,15 +409,27 @@ class NvidiaBackend(Backend):
             except Exception:  # pylint: disable=broad-except
                 pass
 
+    def _array(self, function, type_name, fields, call=None):
+        """The ctypes reader of ``function`` (nvml_arrays), or False when this binding or driver lacks it.  A
+        watchdog child reports ``call`` (default ``function``): the name of pynvml's call it stands for."""
+        reader = self._arrays.get(function)
+        if reader is None:
+            reader = self._arrays[function] = nvml_arrays.ArrayReader.of(self.nvml, function, type_name, fields) or False
+        if reader:
+            watchdog.progress(call or function)
+        return reader
+
     def _list(self, kind, base_name, handle):
-        """One process list, falling back from the unversioned (_v3) call to _v2 once it is missing."""
-        nvml = self.nvml
+        """One process list as nvml_arrays rows: the _v3 array through ctypes, else pynvml's unversioned (_v3)
+        wrapper, falling back to _v2 once it is missing."""
         if not self._proc_v2.get(kind):
-            try:
-                return getattr(nvml, base_name)(handle)
+            reader = self._array(base_name + '_v3', nvml_arrays.PROCESS_TYPE, nvml_arrays.PROCESS_FIELDS, base_name)
+            try:   # a driver may have the _v3 symbol and answer FUNCTION_NOT_FOUND (pynvml's wrapper: LibraryMismatch)
+                return (nvml_arrays.running_processes(reader, handle) if reader else
+                        nvml_arrays.process_rows(getattr(self.nvml, base_name)(handle)))
             except (self.LibraryMismatch, self.FunctionNotFound, AttributeError):
                 self._proc_v2[kind] = True
-        return getattr(nvml, base_name + '_v2')(handle)
+        return nvml_arrays.process_rows(getattr(self.nvml, base_name + '_v2')(handle))
 
     def _read_processes(self, dev, handle):
         self.read_process_lists(dev, handle)
@@ -449,12 +463,10 @@ class NvidiaBackend(Backend):
                 into.processes_complete = False
                 dev.reading_failed('the %s process list%s' % (kind, suffix), error_text(exc))
                 continue
-            for proc in procs or []:
-                used = getattr(proc, 'usedGpuMemory', None)
-                entry = into.add_driver_process(int(proc.pid), bytes_to_mib(used), kind)
-                ref = nvidia_mig.instance_ref(proc)
-                if ref is not None and entry.mig is None:
-                    entry.mig = ref
+            for pid, used, gpu_instance, compute_instance in procs:
+                entry = into.add_driver_process(pid, bytes_to_mib(used), kind)
+                if gpu_instance is not None and gpu_instance != nvidia_mig.NO_INSTANCE and entry.mig is None:
+                    entry.mig = nvidia_mig.instance_ref(nvml_arrays.ProcInfo(pid, used, gpu_instance, compute_instance))
 
     def _read_process_utilization(self, dev, handle):
         """Fill ``util_pct`` of the listed processes from the driver's per-process samples."""
@@ -462,8 +474,10 @@ class NvidiaBackend(Backend):
         if func is None or not dev.driver_processes:
             return
         since_us = int(max(0.0, time.time() - PROCESS_UTIL_WINDOW_S) * 1e6)
+        reader = self._array('nvmlDeviceGetProcessUtilization', nvml_arrays.SAMPLE_TYPE, nvml_arrays.SAMPLE_FIELDS)
         try:
-            samples = func(handle, since_us)
+            samples = (nvml_arrays.utilization_samples(reader, handle, since_us) if reader else
+                       [(int(sample.pid), int(sample.smUtil)) for sample in func(handle, since_us) or []])
         except self.GpuIsLost as exc:
             raise _GpuLost(exc)
         except self.NotFound:
@@ -474,9 +488,8 @@ class NvidiaBackend(Backend):
             dev.errors.append('could not read the per-process utilization: %s' % error_text(exc))
             return
         best = {}
-        for sample in samples or []:
-            pid = int(sample.pid)
-            best[pid] = max(best.get(pid, 0), int(sample.smUtil))
+        for pid, sm_util in samples:
+            best[pid] = max(best.get(pid, 0), sm_util)
         for proc in dev.driver_processes:
             proc.util_pct = best.get(proc.pid, 0)
 

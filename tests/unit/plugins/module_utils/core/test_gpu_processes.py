@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -179,6 +180,46 @@ def test_fd_walk_on_the_real_proc_finds_holders_with_and_without_gaps_in_fd_numb
         assert holders == expected and {first, second} <= readable
         everyone = P.scan_device_fds('/proc', [str(dev)], exclude=[os.getpid()])[0]
         assert everyone.get(first) == expected[first] and everyone.get(second) == expected[second]
+    finally:
+        for child in children:  # only the processes this test started
+            child.kill()
+            child.wait()
+
+
+def test_fd_walk_reads_past_a_few_gaps_without_listing(tmp_path, monkeypatch):
+    """A GPU process's fds with a gap (0-3 and 5: a closed set-up fd) are read on past the gap, without
+    listing the directory; an fd far past the last one (40) is found by the listing."""
+    if not os.path.isdir('/proc/self/fd') or not P.fd_dirs_report_counts():
+        pytest.skip('procfs without fd counts (Linux < 6.2)')
+    dev = tmp_path / 'dev'
+    dev.mkdir()
+    for name in ('nvidia0', 'nvidia1', 'nvidiactl', 'other'):
+        (dev / name).write_text('')
+    listed, real_listdir = [], os.listdir
+
+    def listdir(path='.'):
+        listed.append(path)
+        return real_listdir(path)
+    children = []
+    try:
+        # fds 0-3 and 5 (4 closed); fds 0-3 and 40 (sh has no two-digit fds: python's dup2, then sleep)
+        far_code = ('import os, sys; os.set_inheritable(os.open(sys.argv[1] + "/nvidiactl", os.O_RDONLY), True); '
+                    'os.dup2(os.open(sys.argv[1] + "/nvidia1", os.O_RDONLY), 40); os.execvp("sleep", ["sleep", "60"])')
+        for argv in (['sh', '-c', 'exec 3<"$1/nvidiactl" 4<"$1/other" 5<"$1/nvidia0"; exec 4<&-; exec sleep 60', 'sh', str(dev)],
+                     [sys.executable, '-c', far_code, str(dev)]):
+            children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        near, far = children[0].pid, children[1].pid
+        expected = {near: sorted([str(dev / 'nvidiactl'), str(dev / 'nvidia0')]), far: sorted([str(dev / 'nvidiactl'), str(dev / 'nvidia1')])}
+        for _attempt in range(200):  # until both have exec'd sleep with their fds in place
+            holders, readable, _denied = P.scan_device_fds('/proc', [str(dev)], pids=[near, far])
+            if holders == expected and all(P.read_cmdline(pid) == ['sleep', '60'] for pid in (near, far)):
+                break
+            subprocess.run(['sleep', '0.01'], check=False)
+        assert holders == expected and {near, far} <= readable
+        monkeypatch.setattr(os, 'listdir', listdir)
+        walked = dict((pid, names) for pid, names, _targets, _complete in P.walk_fd_links('/proc', [near, far]))
+        assert list(walked[near]) == ['0', '1', '2', '3', '5'] and sorted(walked[far], key=int) == ['0', '1', '2', '3', '40']
+        assert [path for path in listed if path != '/proc/self/fd'] == ['/proc/%d/fd' % far]   # (self: the count check)
     finally:
         for child in children:  # only the processes this test started
             child.kill()

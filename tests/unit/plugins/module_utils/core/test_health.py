@@ -76,6 +76,24 @@ def test_kernel_log_record_time_and_escaping(tmp_path):
     assert xid.read_kmsg(str(tmp_path / 'missing'))[0] is None
 
 
+def test_an_events_stamp_is_the_kernels_and_stays_the_same_on_every_read(tmp_path):
+    """The epoch time of a kmsg record is converted through each read's clocks and moves between reads (here
+    by 4 ms, as a preempted read under load does); the kernel's stamp does not: it is what identifies the event."""
+    path = tmp_path / 'kmsg'
+    path.write_bytes(b'4,2,7000123,-;NVRM: Xid (PCI:0000:07:00): 48, pid=\'<unknown>\', name=<unknown>, DBE\n')
+    first = xid.read_kmsg(str(path), now=1000.0, monotonic=10.0)[0][0]
+    second = xid.read_kmsg(str(path), now=1000.004, monotonic=10.0)[0][0]
+    assert first.time != second.time and first.stamp == second.stamp == 7000123
+    assert 'stamp' not in first.to_dict()                 # not a field of the facts (docs/design/contracts.md)
+    memo_item = xid.event_dict(first)
+    assert xid.event_from_dict(memo_item).stamp == 7000123 and xid.valid_memo({'events': [memo_item]})
+    old_item = dict(memo_item)
+    del old_item['stamp']                                 # a memo written before the stamp was kept
+    assert xid.valid_memo({'events': [old_item]}) and xid.event_from_dict(old_item).stamp is None
+    assert not xid.valid_memo({'events': [dict(memo_item, stamp='7000123')]})
+    assert xid.parse_record('4,2,x,-;NVRM: Xid (PCI:0000:07:00): 48, DBE', 990.0).stamp is None
+
+
 def test_events_are_bounded_and_the_table_is_the_documented_one():
     dev = Device(vendor='nvidia', vendor_index=0, pci_bus_id='00000000:07:00.0')
     for i in range(MAX_XID_EVENTS + 8):

@@ -148,6 +148,36 @@ def test_handled_events_and_gpus_awaiting_a_reboot_plan_nothing():
     assert names(ladder) == [] and ladder.status == 'awaiting_reboot' and ladder.awaiting_reboot == 'Xid 79'
 
 
+def test_a_handled_event_stays_handled_when_its_epoch_time_moves_between_reads():
+    """The regression behind an intermittent second reset: the key was the epoch time, which each read of the
+    kernel log converts through its own clocks.  The key is now the kernel's stamp; keys of older states still
+    count, and an event older than the GPU's last verified reset is handled by that reset."""
+    snap = g.snapshot()
+    dev = snap.all_devices[1]
+    first = xid.with_stamp(event(48, bus=BUS[1], when=g.MONDAY_NOON), 7000123)
+    moved = xid.with_stamp(event(48, bus=BUS[1], when=g.MONDAY_NOON + 0.004), 7000123)
+    dev.xid_events = [first]
+    ladder = rem.plan_remediation(snap, options())[1]
+    assert names(ladder) == ['reset'] and len(ladder.handled) == 1
+    state = {'handled': {ladder.handled[0]: 5.0}}
+    dev.xid_events = [moved]
+    ladder = rem.plan_remediation(snap, options(), state)[1]
+    assert names(ladder) == [] and ladder.findings[0]['handled'] == 5.0 and ladder.handled == []
+    other = xid.with_stamp(event(48, bus=BUS[1], when=g.MONDAY_NOON + 30), 37000123)   # a new Xid 48: acted on
+    dev.xid_events = [moved, other]
+    assert names(rem.plan_remediation(snap, options(), state)[1]) == ['reset']
+    # a state written before the stamp was kept: its time-based key still counts, and is kept under the new key
+    dev.xid_events = [first]
+    ladder = rem.plan_remediation(snap, options(), {'handled': {rem.legacy_event_key(dev, first): 4.0}})[1]
+    assert names(ladder) == [] and ladder.findings[0]['handled'] == 4.0 and ladder.handled == [rem.event_key(dev, first, rem.boot_id())]
+    # no key at all, but a verified reset of this GPU ran after the event: that reset handled it
+    dev.xid_events = [moved]
+    ladder = rem.plan_remediation(snap, options(), {'reset_at': {dev.key: g.MONDAY_NOON + 2}})[1]
+    assert names(ladder) == [] and ladder.findings[0]['handled'] == g.MONDAY_NOON + 2
+    ladder = rem.plan_remediation(snap, options(), {'reset_at': {dev.key: g.MONDAY_NOON - 2}})[1]
+    assert names(ladder) == ['reset']                       # a reset before the event handles nothing
+
+
 def test_health_since_is_the_last_verified_reset_of_that_gpu_within_the_window():
     snap = g.snapshot()
     devs = snap.all_devices

@@ -93,6 +93,26 @@ def test_bounded_subs_stops_the_slow_regex_and_names_it():
     assert notify.redact_text('a' * 20000, [re.compile('b'), slow]) != 'a' * 20000
 
 
+def test_redact_many_is_redact_of_each():
+    """One alarm handler for a listing's command lines: the same texts as redact() one by one."""
+    patterns = notify.default_patterns() + [re.compile(r'(train)\.py')]
+    argvs = [None, [], ['python', 'train.py', '--token=abc'], ['mysql', '-pSECRET'], ['x'] * 400, ['a', 'b c'], ['']]
+    for limit in (notify.MAX_CMDLINE, 5):
+        assert notify.redact_many(argvs, patterns, limit) == [notify.redact(a, patterns, limit) for a in argvs]
+    assert notify.redact_many(argvs, patterns)[:4] == [None, '', 'python train<redacted> --token=<redacted>', 'mysql -p<redacted>']
+    assert notify.redact_many([], patterns) == []
+
+
+def test_redact_many_fails_closed_on_the_slow_text_only(monkeypatch):
+    monkeypatch.setattr(textmatch, 'MATCH_TIMEOUT_S', 0.2)
+    slow = textmatch.compile_regex('notify.redact_patterns', '.*.*.*x')
+    before = signal.getsignal(signal.SIGALRM)
+    out = notify.redact_many([['run', '--token=abc'], ['a' * 20000], ['fine']], notify.default_patterns() + [slow])
+    assert out == ['run --token=<redacted>', notify.REDACTED_SLOW, 'fine']
+    assert signal.getsignal(signal.SIGALRM) == before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert textmatch.bounded_subs_each([slow], '', ['a' * 20000, 'ax'], 'f') == [None, '']
+
+
 def test_list_takes_the_policy_from_the_agent_state_cache(tmp_path, fake_host, monkeypatch):  # noqa: F811
     paths = guard.Paths(root=str(tmp_path))
     (tmp_path / 'etc' / 'gpufleet').mkdir(parents=True)
@@ -110,6 +130,6 @@ def test_list_takes_the_policy_from_the_agent_state_cache(tmp_path, fake_host, m
     monkeypatch.setattr(loading, 'read_document_lines', parse)
     with open(paths.policy, 'a') as handle:
         handle.write('# edited\n')
-    monkeypatch.setattr(cli.guard, 'load_state', lambda *_a: ({'policy_cache': {'sha256': 'other', 'document': {}}}, None))
+    monkeypatch.setattr(cli.guard_state, 'load_state', lambda *_a: ({'policy_cache': {'sha256': 'other', 'document': {}}}, None))
     rc, out = run(['list', '--json', '--root', str(tmp_path)])
     assert rc == 0 and json.loads(out)['processes'][0]['cmdline'] == 'python train<redacted> --token=<redacted>'

@@ -85,7 +85,7 @@ def test_a_backend_module_is_imported_only_when_its_vendor_is_asked_for():
     assert out.stdout.splitlines() == [
         "['base']",
         "['base'] ['amd', 'apple', 'intel', 'nvidia']",
-        "NvidiaBackend AmdBackend ['amd', 'base', 'nvidia', 'nvidia_mig'] ('nvidia', 'amd')",
+        "NvidiaBackend AmdBackend ['amd', 'base', 'nvidia', 'nvidia_mig', 'nvml_arrays'] ('nvidia', 'amd')",
     ]
 
 
