@@ -498,9 +498,7 @@ class NvidiaBackend(Backend):
         if not self._initialized:
             return {}
         view = {}
-        for i in range(self.nvml.nvmlDeviceGetCount()):
-            if vendor_indexes is not None and i not in vendor_indexes:
-                continue
+        for i in [i for i in range(self.nvml.nvmlDeviceGetCount()) if vendor_indexes is None or i in vendor_indexes]:
             dev = Device(vendor=self.name, vendor_index=i)
             try:
                 handle = self.nvml.nvmlDeviceGetHandleByIndex(i)
