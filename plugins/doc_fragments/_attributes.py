@@ -18,6 +18,12 @@ attributes:
     description:
       - When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
       - This assumes that the system controlled/queried by the module has not changed in a relevant way.
+notes:
+  - Run as root, the module keeps the compiled code of the collection's Python files in C(/var/lib/gpufleet/bytecode)
+    (as Python keeps C(__pycache__) for installed packages), named by a hash of each file's source, so later calls
+    on the node do not compile them again. It is a cache, in check mode too, and not a change the task reports; a
+    file there that root does not own alone is not used. Set C(GPUFLEET_BYTECODE_CACHE=0) in the task's
+    C(environment) to turn it off.
 """
 
     # Should be used together with the standard fragment and ansible.builtin.action_common_attributes.facts.

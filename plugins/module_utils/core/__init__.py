@@ -8,3 +8,9 @@
 """Vendor-neutral GPU core of gpufleet.reclaim: backends -> snapshot -> decisions -> actions."""
 
 from __future__ import annotations
+
+# Run by a module from Ansible's AnsiballZ zip (no __pycache__ there): the files imported from now on are compiled
+# once per node and source, not on every call (core/bytecode.py says how, and what it trusts).
+if type(__spec__.loader).__name__ == 'zipimporter':
+    from . import bytecode
+    bytecode.install(__name__, __spec__.loader)

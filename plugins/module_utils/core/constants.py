@@ -42,3 +42,5 @@ ALLOCATIONS_PATH = '/run/gpufleet/allocations.json'
 METRICS_PATH = '/var/lib/node_exporter/textfile_collector/gpufleet.prom'
 REBOOT_FLAG_PATH = '/var/lib/gpufleet/reboot-wanted'
 REMEDIATION_STATE_PATH = '/var/lib/gpufleet/remediation.json'
+# the modules' compiled code of the core, by the hash of its source (core/bytecode.py); root's alone
+BYTECODE_CACHE_PATH = '/var/lib/gpufleet/bytecode'

@@ -37,7 +37,8 @@ import stat
 _CLOEXEC = getattr(os, 'O_CLOEXEC', 0)
 _NOFOLLOW = getattr(os, 'O_NOFOLLOW', 0)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, 'O_DIRECTORY', 0) | _NOFOLLOW | _CLOEXEC
-_READ_FLAGS = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, 'O_NONBLOCK', 0) | getattr(os, 'O_NOCTTY', 0)
+# how the guard opens a file to read: no link followed, no blocking on a FIFO, never a controlling tty
+READ_FLAGS = os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, 'O_NONBLOCK', 0) | getattr(os, 'O_NOCTTY', 0)
 _MAX_TEMP_ATTEMPTS = 100
 
 
@@ -219,19 +220,24 @@ def open_checked(path, flags, mode=0o600, dir_mode=None, euid=None, strict=True)
 def read_file(path, limit, euid=None):
     """At most ``limit`` bytes of ``path``, read from the checked descriptor.  FileNotFoundError
     when it (or a directory above it) is missing; UnsafeFile when a check fails."""
-    fd = open_checked(path, _READ_FLAGS, euid=euid)
+    fd = open_checked(path, READ_FLAGS, euid=euid)
     try:
-        chunks = []
-        left = limit
-        while left > 0:
-            block = os.read(fd, min(left, 1024 * 1024))
-            if not block:
-                break
-            chunks.append(block)
-            left -= len(block)
-        return b''.join(chunks)
+        return read_all(fd, limit)
     finally:
         os.close(fd)
+
+
+def read_all(fd, limit):
+    """At most ``limit`` bytes from the open descriptor ``fd``, up to its end."""
+    chunks = []
+    left = limit
+    while left > 0:
+        block = os.read(fd, min(left, 1024 * 1024))
+        if not block:
+            break
+        chunks.append(block)
+        left -= len(block)
+    return b''.join(chunks)
 
 
 def open_append(path, mode=0o640, dir_mode=0o750):
