@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -210,12 +211,14 @@ def test_fd_walk_reads_past_a_few_gaps_without_listing(tmp_path, monkeypatch):
             children.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         near, far = children[0].pid, children[1].pid
         expected = {near: sorted([str(dev / 'nvidiactl'), str(dev / 'nvidia0')]), far: sorted([str(dev / 'nvidiactl'), str(dev / 'nvidia1')])}
-        for _attempt in range(200):  # until both have exec'd sleep with their fds in place
+        deadline = time.monotonic() + 60   # bounded; a loaded machine can take seconds to start the interpreter
+        while True:  # until both have exec'd sleep with their fds in place (before that, python's own fds are open)
             holders, readable, _denied = P.scan_device_fds('/proc', [str(dev)], pids=[near, far])
-            if holders == expected and all(P.read_cmdline(pid) == ['sleep', '60'] for pid in (near, far)):
+            execd = all(P.read_cmdline(pid) == ['sleep', '60'] for pid in (near, far))
+            if (holders == expected and execd) or time.monotonic() > deadline:
                 break
-            subprocess.run(['sleep', '0.01'], check=False)
-        assert holders == expected and {near, far} <= readable
+            time.sleep(0.01)
+        assert execd and holders == expected and {near, far} <= readable
         monkeypatch.setattr(os, 'listdir', listdir)
         walked = dict((pid, names) for pid, names, _targets, _complete in P.walk_fd_links('/proc', [near, far]))
         assert list(walked[near]) == ['0', '1', '2', '3', '5'] and sorted(walked[far], key=int) == ['0', '1', '2', '3', '40']
