@@ -24,6 +24,8 @@ description:
     GPU rows start in C(gpus) and how many there are, C(processes), C(memory_used_mib), C(memory_total_mib), C(unhealthy)
     and C(orphaned) (how many of its GPUs), and C(backend_error): V(null) when the node's facts name no backend, else the
     first backend's error or an empty string), so that a page of nodes is written from its own rows only.
+  - C(csv) is fleet.csv's text (one line per GPU, docs/report.md), C(records) the node records it was given (so that one
+    C(set_fact) carries both).
   - C(users) (per user, by GPU memory), C(idle) (idle holders by memory), C(orphaned) (GPUs with orphaned memory, by
     that memory), C(unhealthy) (GPUs whose health is not V(ok)) and C(totals) (the counts and sums the report's summary,
     fleet.json and the job artifacts show).
@@ -116,6 +118,13 @@ _value:
       description: The report's pages past the first (C(kind), C(page), C(file), C(start), C(stop)).
       type: list
       elements: dict
+    records:
+      description: The node records the filter was given.
+      type: list
+      elements: dict
+    csv:
+      description: fleet.csv's text.
+      type: str
     totals:
       description: C(nodes), C(nodes_ok), C(nodes_unreachable), C(nodes_failed), C(gpus), C(memory_total_mib),
         C(memory_used_mib), C(orphaned_mib), C(idle_mib), C(processes), C(users), C(unhealthy_gpus), C(idle_holders),
@@ -126,6 +135,15 @@ _value:
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import csv_cell
+
+# fleet.csv's columns: a GPU row's fields, then message (a node that could not be read, or has no GPU, is one row)
+CSV_COLUMNS = ('host', 'status', 'gpu_index', 'uuid', 'name', 'pci_bus_id', 'memory_used_mib', 'memory_total_mib', 'memory_used_pct',
+               'orphaned_mib', 'utilization_pct', 'temperature_c', 'power_w', 'health', 'recommended_action', 'health_reasons',
+               'processes', 'top_user', 'top_pid', 'top_used_mib', 'message')
+CSV_FIELDS = ('index', 'uuid', 'name', 'pci_bus_id', 'memory_used_mib', 'memory_total_mib', 'used_pct', 'orphaned_mib', 'utilization_pct',
+              'temperature_c', 'power_w', 'health', 'recommended_action', 'reasons', 'processes', 'top_user', 'top_pid', 'top_used_mib')
 
 
 def _pct(part, whole):
@@ -195,6 +213,22 @@ def _proc_row(host, proc, utils, idle_util_pct, idle_min_mib):
             'idle': known and max(pu) <= idle_util_pct and used is not None and used >= idle_min_mib,
             'container': container.get('id') if container else None,
             'slurm_job': proc.get('slurm_job'), 'status': proc.get('status')}
+
+
+def fleet_csv(nodes, gpus):
+    """fleet.csv (one line per GPU, LF line ends, a header line) from the ``nodes`` and ``gpus`` rows: every text cell
+    escaped and formulas defused by ``core.text.csv_cell``; a node that could not be read, or has no GPU, is one line."""
+    lines = [','.join(CSV_COLUMNS)]
+    for node in nodes:
+        if node['status'] != 'ok' or not node['gpus']:
+            why = node['msg'] if node['status'] != 'ok' else 'no GPU found'
+            lines.append(','.join([csv_cell(node['host']), csv_cell(node['status'])] + [''] * (len(CSV_COLUMNS) - 3) + [csv_cell(why)]))
+            continue
+        for row in gpus[node['first_gpu']:node['first_gpu'] + node['gpus']]:
+            cells = [csv_cell(row['host']), 'ok']
+            cells.extend(csv_cell('; '.join(row['reasons']) if key == 'reasons' else row[key]) for key in CSV_FIELDS)
+            lines.append(','.join(cells) + ',')
+    return '\n'.join(lines) + '\n'
 
 
 def _users(procs):
@@ -268,8 +302,8 @@ def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024, page_nodes=0, page_r
         pages = _pages('nodes', len(nodes), page_nodes)
         for kind, rows in (('idle', idle), ('orphaned', orphaned), ('holders', holders), ('unhealthy', unhealthy)):
             pages.extend(_pages(kind, len(rows), page_rows) if len(rows) > index_rows else [])
-    return {'gpus': gpus, 'procs': procs, 'holders': holders, 'nodes': nodes, 'users': users, 'idle': idle, 'orphaned': orphaned,
-            'unhealthy': unhealthy, 'pages': pages, 'totals': totals}
+    return {'records': records, 'gpus': gpus, 'procs': procs, 'holders': holders, 'nodes': nodes, 'users': users, 'idle': idle,
+            'orphaned': orphaned, 'unhealthy': unhealthy, 'pages': pages, 'totals': totals, 'csv': fleet_csv(nodes, gpus)}
 
 
 class FilterModule(object):

@@ -21,7 +21,7 @@ import jinja2
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.filter.printable import FilterModule as PrintableFilters
-from ansible_collections.gpufleet.reclaim.plugins.filter.fleet_rows import fleet_rows
+from ansible_collections.gpufleet.reclaim.plugins.filter.fleet_rows import fleet_csv, fleet_rows
 from ansible_collections.gpufleet.reclaim.plugins.filter.redact_gpu_facts import redact_gpu_facts
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli, guard, history, notify, policy, reset, select, textmatch
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import printable, printable_lines
@@ -305,7 +305,8 @@ def test_html_report_escapes_hostile_facts():
 
 
 def test_csv_report_escapes_controls_and_defuses_formulas():
-    text = _report_env().get_template('report.csv.j2').render(**_report_vars())
+    report = _report_vars()
+    text = fleet_csv(report['gpufleet_nodes'], report['gpufleet_gpus'])     # fleet.csv (gpufleet.reclaim.fleet_rows' csv)
     assert not unsafe_in(text, allow='\n'), unsafe_in(text, allow='\n')
     rows = list(csv.reader(io.StringIO(text)))
     assert len(rows) == 3 and all(len(row) == len(rows[0]) for row in rows), rows    # header, node1's GPU, node2

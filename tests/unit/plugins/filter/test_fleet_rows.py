@@ -127,6 +127,19 @@ def test_values_stay_raw_in_the_rows_and_the_page_escapes_them():
     assert '<details' not in html[html.index('id="node-node&lt;2&gt;"'):]
 
 
+def test_fleet_csv_has_a_line_per_gpu_and_one_per_node_without_gpus():
+    recs = records() + [{'host': 'node5', 'status': 'ok', 'msg': '', 'gpu': {'devices': [], 'processes': []}}]
+    rows = fleet_rows(recs)
+    assert rows['records'] is recs
+    lines = rows['csv'].split('\n')
+    assert lines[0].startswith('host,status,gpu_index,uuid,') and lines[0].endswith(',top_pid,top_used_mib,message') and lines[-1] == ''
+    assert [line.split(',')[:3] for line in lines[1:-1]] == [['"node1"', 'ok', '0'], ['"node1"', 'ok', '1'], ['"node2"', 'ok', '0'],
+                                                            ['"node3"', '"unreachable"', ''], ['"node4"', '"failed"', ''], ['"node5"', '"ok"', '']]
+    assert lines[2] == ('"node1",ok,1,"GPU-1","H100","0000:01:00.0",24576,81920,30.0,4096,90,40,100.0,"ok","none","",1,"alice",12,20480,')
+    assert lines[3].split(',')[8] == '' and lines[3].split(',')[15] == '"Xid 79"'      # memory use unknown: an empty cell, never 0
+    assert lines[4].endswith(',"ssh: timed out"') and lines[6].endswith(',"no GPU found"')
+
+
 def _report(rows):
     """The variables the playbook hands the report's templates."""
     return dict(gpufleet_gpus=rows['gpus'], gpufleet_procs=rows['procs'], gpufleet_holders=rows['holders'], gpufleet_nodes=rows['nodes'],
