@@ -10,15 +10,19 @@ Ansible as inventory variables (``gpufleet_scan`` of each host of the ``gpufleet
 group: the result the playbook's node play registers, ``ansible_facts.gpu`` or ``unreachable``),
 and the real playbook (``gpufleet.reclaim.inventory_report`` imported by a one-line driver, run with
 ``--limit localhost`` so its node play matches no host) renders fleet.json, fleet.csv and index.html
-with its own tasks, templates and filters.
+(and, past ``report_page_nodes`` nodes, the node pages and offenders' pages index.html links) with
+its own tasks, templates and filters.
 
 Measured: wall and CPU time and peak RSS of ``ansible-playbook`` (wait4: the controller and its
-forks), the size of the three files, and the page in headless Chromium: a copy of index.html
-with a measuring script (the report itself carries no script and its Content-Security-Policy
-forbids one) records the time to the load event, a forced layout, a filter (hiding the node cards
-whose host does not match, as a find-and-filter would), the browser's own find (``window.find``)
-and scrolling the page top to bottom in 20 steps, each with a forced layout; the longest of those
-steps tells whether the page freezes.
+forks), the size of every file, and the pages in headless Chromium: index.html and the largest
+page of each other kind (``nodes-NNNN.html``, ``idle-NNNN.html``, ...), each a copy with a
+measuring script (the report itself carries no script and its Content-Security-Policy forbids
+one). The script records the time to the load event, a forced layout, a filter (hiding the node
+cards, or the rows of a table, whose host does not match, as a find-and-filter would), the
+browser's own find (``window.find`` of the last item's host) and scrolling the page top to bottom
+in 20 steps, each with a forced layout. A page is usable when every scroll step, the filter, its
+undoing and the find take at most ``FREEZE_MS``; the report is usable when every page probed is,
+and the table shows the worst figure of each across its pages.
 """
 
 from __future__ import annotations
