@@ -20,9 +20,9 @@ description:
     C(gpus), C(gpu_util_pct) (the busiest of its GPUs; V(null) when one is unknown), C(idle), C(container),
     C(slurm_job), C(status)); C(holders) one row per holder of a GPU device file that the driver does not list, with C(host)
     and C(cmd).
-  - C(nodes) has one row per node record, in their order (C(host), C(status), C(msg), C(first_gpu) and C(gpus): where its
+  - C(nodes) has one row per node record, in their order (C(host), C(status), C(msg), C(first_gpu) and C(gpus), where its
     GPU rows start in C(gpus) and how many there are, C(processes), C(memory_used_mib), C(memory_total_mib), C(unhealthy)
-    and C(orphaned) (how many of its GPUs), and C(backend_error): V(null) when the node's facts name no backend, else the
+    and C(orphaned) (how many of its GPUs), and C(backend_error), V(null) when the node's facts name no backend, else the
     first backend's error or an empty string), so that a page of nodes is written from its own rows only.
   - C(csv) is fleet.csv's text (one line per GPU, docs/report.md), C(records) the node records it was given (so that one
     C(set_fact) carries both).
@@ -30,8 +30,8 @@ description:
     that memory), C(unhealthy) (GPUs whose health is not V(ok)) and C(totals) (the counts and sums the report's summary,
     fleet.json and the job artifacts show).
   - C(pages) lists the files of a report too large for one page (empty unless O(page_nodes) is set and the fleet has
-    more nodes than that): one entry per file (C(kind), C(page) (from 1), C(file), C(start) and C(stop), the slice of
-    C(nodes) or of the offenders' list that it holds): C(nodes-0001.html), ... of O(page_nodes) nodes each, then, for
+    more nodes than that), one entry per file (C(kind), C(page) (from 1), C(file), C(start) and C(stop), the slice of
+    C(nodes) or of the offenders' list that it holds), C(nodes-0001.html), ... of O(page_nodes) nodes each, then, for
     each of C(idle), C(orphaned), C(holders) and C(unhealthy) longer than O(index_rows), C(idle-0001.html), ... of
     O(page_rows) rows each.
   - Node values are returned as they are (command lines already redacted by P(gpufleet.reclaim.fleet_records#filter));

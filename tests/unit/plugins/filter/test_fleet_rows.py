@@ -133,8 +133,9 @@ def test_fleet_csv_has_a_line_per_gpu_and_one_per_node_without_gpus():
     assert rows['records'] is recs
     lines = rows['csv'].split('\n')
     assert lines[0].startswith('host,status,gpu_index,uuid,') and lines[0].endswith(',top_pid,top_used_mib,message') and lines[-1] == ''
-    assert [line.split(',')[:3] for line in lines[1:-1]] == [['"node1"', 'ok', '0'], ['"node1"', 'ok', '1'], ['"node2"', 'ok', '0'],
-                                                            ['"node3"', '"unreachable"', ''], ['"node4"', '"failed"', ''], ['"node5"', '"ok"', '']]
+    expected = [['"node1"', 'ok', '0'], ['"node1"', 'ok', '1'], ['"node2"', 'ok', '0'], ['"node3"', '"unreachable"', ''],
+                ['"node4"', '"failed"', ''], ['"node5"', '"ok"', '']]
+    assert [line.split(',')[:3] for line in lines[1:-1]] == expected
     assert lines[2] == ('"node1",ok,1,"GPU-1","H100","0000:01:00.0",24576,81920,30.0,4096,90,40,100.0,"ok","none","",1,"alice",12,20480,')
     assert lines[3].split(',')[8] == '' and lines[3].split(',')[15] == '"Xid 79"'      # memory use unknown: an empty cell, never 0
     assert lines[4].endswith(',"ssh: timed out"') and lines[6].endswith(',"no GPU found"')
@@ -178,8 +179,8 @@ def test_nodes_rows_point_at_their_gpus_and_add_them_up():
     assert (node2['memory_used_mib'], node2['unhealthy'], node2['orphaned'], node2['backend_error']) == (0, 1, 0, None)
     assert nodes[2]['msg'] == 'ssh: timed out'
     # a node without GPUs says why when a backend does
-    empty = [{'host': 'n', 'status': 'ok', 'msg': '', 'gpu': {'backends': {'amd': {'error': None}, 'nvidia': {'error': 'no libnvidia-ml'}},
-                                                               'devices': [], 'processes': []}}]
+    facts = {'backends': {'amd': {'error': None}, 'nvidia': {'error': 'no libnvidia-ml'}}, 'devices': [], 'processes': []}
+    empty = [{'host': 'n', 'status': 'ok', 'msg': '', 'gpu': facts}]
     assert fleet_rows(empty)['nodes'][0]['backend_error'] == 'no libnvidia-ml'
     assert 'No GPU found (no libnvidia-ml).' in _page(empty)
 
