@@ -226,7 +226,7 @@ def fleet_csv(nodes, gpus):
             continue
         for row in gpus[node['first_gpu']:node['first_gpu'] + node['gpus']]:
             cells = [csv_cell(row['host']), 'ok']
-            cells.extend(csv_cell('; '.join(row['reasons']) if key == 'reasons' else row[key]) for key in CSV_FIELDS)
+            cells.extend(csv_cell('; '.join(str(why) for why in row['reasons']) if key == 'reasons' else row[key]) for key in CSV_FIELDS)
             lines.append(','.join(cells) + ',')
     return '\n'.join(lines) + '\n'
 
