@@ -10,15 +10,19 @@ Ansible as inventory variables (``gpufleet_scan`` of each host of the ``gpufleet
 group: the result the playbook's node play registers, ``ansible_facts.gpu`` or ``unreachable``),
 and the real playbook (``gpufleet.reclaim.inventory_report`` imported by a one-line driver, run with
 ``--limit localhost`` so its node play matches no host) renders fleet.json, fleet.csv and index.html
-with its own tasks, templates and filters.
+(and, past ``report_page_nodes`` nodes, the node pages and offenders' pages index.html links) with
+its own tasks, templates and filters.
 
 Measured: wall and CPU time and peak RSS of ``ansible-playbook`` (wait4: the controller and its
-forks), the size of the three files, and the page in headless Chromium: a copy of index.html
-with a measuring script (the report itself carries no script and its Content-Security-Policy
-forbids one) records the time to the load event, a forced layout, a filter (hiding the node cards
-whose host does not match, as a find-and-filter would), the browser's own find (``window.find``)
-and scrolling the page top to bottom in 20 steps, each with a forced layout; the longest of those
-steps tells whether the page freezes.
+forks), the size of every file, and the pages in headless Chromium: index.html and the largest
+page of each other kind (``nodes-NNNN.html``, ``idle-NNNN.html``, ...), each a copy with a
+measuring script (the report itself carries no script and its Content-Security-Policy forbids
+one). The script records the time to the load event, a forced layout, a filter (hiding the node
+cards, or the rows of a table, whose host does not match, as a find-and-filter would), the
+browser's own find (``window.find`` of the last item's host) and scrolling the page top to bottom
+in 20 steps, each with a forced layout. A page is usable when every scroll step, the filter, its
+undoing and the find take at most ``FREEZE_MS``; the report is usable when every page probed is,
+and the table shows the worst figure of each across its pages.
 """
 
 from __future__ import annotations
@@ -52,7 +56,9 @@ PROBE = r'''<script>
   function now() { return performance.now(); }
   function layout() { return document.body.offsetHeight + document.documentElement.scrollHeight; }
   window.addEventListener('load', function () {
-    var out = {}, t, steps = [], i, cards = document.querySelectorAll('#nodes .node'), nav = performance.getEntriesByType('navigation')[0];
+    var out = {}, t, steps = [], i, nav = performance.getEntriesByType('navigation')[0];
+    // the node cards (a page of nodes), the rows of the index of node pages (index.html past one page of nodes) or of a page of rows
+    var cards = document.querySelectorAll('#nodes .node, #nodes tbody tr, #rows tbody tr');
     out.nodes = cards.length;
     out.dom_elements = document.getElementsByTagName('*').length;
     out.dom_content_loaded_ms = nav ? nav.domContentLoadedEventEnd : null;
@@ -63,7 +69,7 @@ PROBE = r'''<script>
       t = now(); window.scrollTo(0, height * i / 20); layout(); document.elementFromPoint(200, 200); steps.push(now() - t);
     }
     out.scroll_steps_ms = steps;
-    function host(card) { return card.querySelector('h3 span').textContent; }
+    function host(card) { return (card.querySelector('h3 span') || card.querySelector('span') || card.querySelector('td') || card).textContent; }
     var last = cards.length ? host(cards[cards.length - 1]) : 'none';
     t = now(); out.find_found = window.find(last, false, false, true); out.find_ms = now() - t;
     t = now();
@@ -169,15 +175,37 @@ def render(nodes, work, collections, timeout=1800):
     if meas.returncode != 0:
         result['error'] = meas.text()[-2000:]
         return result
-    for name in ('index.html', 'fleet.json', 'fleet.csv'):
+    for name in sorted(os.listdir(report_dir)):
         result['files'][name] = os.path.getsize(os.path.join(report_dir, name)) / 1048576.0
     with open(os.path.join(report_dir, 'fleet.json'), encoding='utf-8') as handle:
         result['totals'] = json.load(handle)['totals']
     if result['totals']['nodes'] != len(records):
         result['error'] = 'the report lists %d of %d nodes' % (result['totals']['nodes'], len(records))
         return result
-    result['html'] = os.path.join(report_dir, 'index.html')
+    result['report_dir'] = report_dir
     return result
+
+
+def pages_to_probe(files):
+    """index.html and, of each kind of page past it (nodes-0001.html, idle-0001.html, ...), the largest one."""
+    largest = {}
+    for name, mib in files.items():
+        match = re.match(r'([a-z]+)-[0-9]{4}\.html$', name)
+        if match and mib >= largest.get(match.group(1), ('', -1))[1]:
+            largest[match.group(1)] = (name, mib)
+    return ['index.html'] + sorted(name for name, _mib in largest.values())
+
+
+def probe_report(res, work):
+    """Probe every kind of page of a rendered report; the worst figure of each across them decides."""
+    pages = dict((name, probe_page(os.path.join(res['report_dir'], name), work)) for name in pages_to_probe(res['files']))
+    worst = {'pages': sorted(pages)}
+    for key in ('load_ms', 'scroll_step_max_ms', 'filter_ms', 'unfilter_ms', 'find_ms', 'dom_elements'):
+        values = [page[key] for page in pages.values() if key in page]
+        worst[key] = max(values) if values else None
+    worst['usable'] = all(page.get('usable') for page in pages.values())
+    worst['error'] = '; '.join('%s: %s' % (name, page['error']) for name, page in sorted(pages.items()) if page.get('error')) or None
+    return {'pages': pages, 'worst': worst}
 
 
 def chromium():
@@ -230,9 +258,9 @@ def run(sizes, collections=None, browser=True, log=print):
             work = tempfile.mkdtemp(prefix='gpufleet-bench-report-')
             try:
                 res = render(nodes, work, collections)
-                if browser and 'html' in res:
-                    res['browser'] = probe_page(res['html'], work)
-                res.pop('html', None)
+                if browser and 'report_dir' in res:
+                    res['browser'] = probe_report(res, work)
+                res.pop('report_dir', None)
                 results.append(res)
                 log('# report %d nodes: %s' % (nodes, json.dumps(res, default=str)[:600]))
             finally:
@@ -244,20 +272,24 @@ def run(sizes, collections=None, browser=True, log=print):
 
 
 def markdown(data):
-    lines = ['| nodes | GPUs | processes | render wall s | render CPU s | peak RSS MiB | index.html MiB | fleet.json MiB | '
-             'fleet.csv MiB | page load ms | scroll step max ms | filter ms | find ms | usable |',
-             '|---' * 14 + '|']
+    lines = ['| nodes | GPUs | processes | render wall s | render CPU s | peak RSS MiB | index.html MiB | other pages (largest MiB) | '
+             'fleet.json MiB | fleet.csv MiB | pages probed | page load ms | scroll step max ms | filter ms | find ms | usable |',
+             '|---' * 16 + '|']
     for res in data['sizes']:
         if res.get('error'):
             lines.append('| %d | %d | %d | failed: %s |' % (res['nodes'], res['gpus'], res['processes'], res['error'][-200:].replace('\n', ' ')))
             continue
-        b = res.get('browser') or {}
-        lines.append('| %d | %d | %d | %.1f | %.1f | %.0f | %.1f | %.1f | %.1f | %s | %s | %s | %s | %s |' % (
-            res['nodes'], res['gpus'], res['processes'], res['wall_s'], res['cpu_s'], res['maxrss_mib'],
-            res['files']['index.html'], res['files']['fleet.json'], res['files']['fleet.csv'],
-            '%.0f' % b['load_ms'] if 'load_ms' in b else '-', '%.0f' % b['scroll_step_max_ms'] if 'scroll_step_max_ms' in b else '-',
-            '%.0f' % b['filter_ms'] if 'filter_ms' in b else '-', '%.0f' % b['find_ms'] if 'find_ms' in b else '-',
-            {True: 'yes', False: '**no**'}.get(b.get('usable'), b.get('error', '-'))))
+        files = res['files']
+        pages = [mib for name, mib in files.items() if re.match(r'[a-z]+-[0-9]{4}\.html$', name)]
+        b = (res.get('browser') or {}).get('worst') or {}
+
+        def ms(key):
+            return '%.0f' % b[key] if b.get(key) is not None else '-'
+        lines.append('| %d | %d | %d | %.1f | %.1f | %.0f | %.2f | %s | %.1f | %.1f | %s | %s | %s | %s | %s | %s |' % (
+            res['nodes'], res['gpus'], res['processes'], res['wall_s'], res['cpu_s'], res['maxrss_mib'], files['index.html'],
+            '%d (%.2f)' % (len(pages), max(pages)) if pages else '0', files['fleet.json'], files['fleet.csv'],
+            len(b.get('pages') or []) or '-', ms('load_ms'), ms('scroll_step_max_ms'), ms('filter_ms'), ms('find_ms'),
+            b.get('error') or {True: 'yes', False: '**no**'}.get(b.get('usable'), '-')))
     return '\n'.join(lines)
 
 

@@ -20,9 +20,20 @@ description:
     C(gpus), C(gpu_util_pct) (the busiest of its GPUs; V(null) when one is unknown), C(idle), C(container),
     C(slurm_job), C(status)); C(holders) one row per holder of a GPU device file that the driver does not list, with C(host)
     and C(cmd).
+  - C(nodes) has one row per node record, in their order (C(host), C(status), C(msg), C(first_gpu) and C(gpus), where its
+    GPU rows start in C(gpus) and how many there are, C(processes), C(memory_used_mib), C(memory_total_mib), C(unhealthy)
+    and C(orphaned) (how many of its GPUs), and C(backend_error), V(null) when the node's facts name no backend, else the
+    first backend's error or an empty string), so that a page of nodes is written from its own rows only.
+  - C(csv) is fleet.csv's text (one line per GPU, docs/report.md), C(records) the node records it was given (so that one
+    C(set_fact) carries both).
   - C(users) (per user, by GPU memory), C(idle) (idle holders by memory), C(orphaned) (GPUs with orphaned memory, by
     that memory), C(unhealthy) (GPUs whose health is not V(ok)) and C(totals) (the counts and sums the report's summary,
     fleet.json and the job artifacts show).
+  - C(pages) lists the files of a report too large for one page (empty unless O(page_nodes) is set and the fleet has
+    more nodes than that), one entry per file (C(kind), C(page) (from 1), C(file), C(start) and C(stop), the slice of
+    C(nodes) or of the offenders' list that it holds), C(nodes-0001.html), ... of O(page_nodes) nodes each, then, for
+    each of C(idle), C(orphaned), C(holders) and C(unhealthy) longer than O(index_rows), C(idle-0001.html), ... of
+    O(page_rows) rows each.
   - Node values are returned as they are (command lines already redacted by P(gpufleet.reclaim.fleet_records#filter));
     escape them for display (P(gpufleet.reclaim.printable#filter)).
 positional: _input
@@ -40,6 +51,18 @@ options:
     description: An idle holder holds at least this much GPU memory.
     type: int
     default: 1024
+  page_nodes:
+    description: Past this many nodes the report's nodes go on pages of this many (V(0), the default, makes no pages).
+    type: int
+    default: 0
+  page_rows:
+    description: Rows per page of an offenders' list.
+    type: int
+    default: 1000
+  index_rows:
+    description: How many rows of an offenders' list the report's first page shows; a longer list gets pages of its own.
+    type: int
+    default: 100
 author:
   - gpufleet.reclaim developers (!UNKNOWN)
 """
@@ -67,6 +90,10 @@ _value:
       description: One row per GPU process.
       type: list
       elements: dict
+    nodes:
+      description: One row per node record.
+      type: list
+      elements: dict
     holders:
       description: One row per holder of a GPU device file that the driver does not list.
       type: list
@@ -87,6 +114,17 @@ _value:
       description: The rows of C(gpus) whose health is not V(ok).
       type: list
       elements: dict
+    pages:
+      description: The report's pages past the first (C(kind), C(page), C(file), C(start), C(stop)).
+      type: list
+      elements: dict
+    records:
+      description: The node records the filter was given.
+      type: list
+      elements: dict
+    csv:
+      description: fleet.csv's text.
+      type: str
     totals:
       description: C(nodes), C(nodes_ok), C(nodes_unreachable), C(nodes_failed), C(gpus), C(memory_total_mib),
         C(memory_used_mib), C(orphaned_mib), C(idle_mib), C(processes), C(users), C(unhealthy_gpus), C(idle_holders),
@@ -97,6 +135,15 @@ _value:
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import csv_cell
+
+# fleet.csv's columns: a GPU row's fields, then message (a node that could not be read, or has no GPU, is one row)
+CSV_COLUMNS = ('host', 'status', 'gpu_index', 'uuid', 'name', 'pci_bus_id', 'memory_used_mib', 'memory_total_mib', 'memory_used_pct',
+               'orphaned_mib', 'utilization_pct', 'temperature_c', 'power_w', 'health', 'recommended_action', 'health_reasons',
+               'processes', 'top_user', 'top_pid', 'top_used_mib', 'message')
+CSV_FIELDS = ('index', 'uuid', 'name', 'pci_bus_id', 'memory_used_mib', 'memory_total_mib', 'used_pct', 'orphaned_mib', 'utilization_pct',
+              'temperature_c', 'power_w', 'health', 'recommended_action', 'reasons', 'processes', 'top_user', 'top_pid', 'top_used_mib')
 
 
 def _pct(part, whole):
@@ -143,6 +190,17 @@ def _gpu_row(host, dev, processes):
             'mig': [_mig_row(dev, mig, total) for mig in dev.get('mig_devices') or []]}
 
 
+def _node_row(node, first_gpu, gpus, processes):
+    facts = node.get('gpu') or {}
+    backends = facts.get('backends') or {}
+    errors = [entry.get('error') for entry in backends.values() if isinstance(entry, Mapping) and entry.get('error')]
+    return {'host': node['host'], 'status': node.get('status'), 'msg': node.get('msg'), 'first_gpu': first_gpu, 'gpus': len(gpus),
+            'processes': len(processes), 'memory_used_mib': sum(row['memory_used_mib'] or 0 for row in gpus),
+            'memory_total_mib': sum(row['memory_total_mib'] or 0 for row in gpus),
+            'unhealthy': len([row for row in gpus if row['health'] != 'ok']), 'orphaned': len([row for row in gpus if row['orphaned_mib']]),
+            'backend_error': (errors[0] if errors else '') if backends else None}
+
+
 def _proc_row(host, proc, utils, idle_util_pct, idle_min_mib):
     gpus = proc.get('gpu_indexes', [])
     pu = [utils.get(index) for index in gpus]
@@ -155,6 +213,22 @@ def _proc_row(host, proc, utils, idle_util_pct, idle_min_mib):
             'idle': known and max(pu) <= idle_util_pct and used is not None and used >= idle_min_mib,
             'container': container.get('id') if container else None,
             'slurm_job': proc.get('slurm_job'), 'status': proc.get('status')}
+
+
+def fleet_csv(nodes, gpus):
+    """fleet.csv (one line per GPU, LF line ends, a header line) from the ``nodes`` and ``gpus`` rows: every text cell
+    escaped and formulas defused by ``core.text.csv_cell``; a node that could not be read, or has no GPU, is one line."""
+    lines = [','.join(CSV_COLUMNS)]
+    for node in nodes:
+        if node['status'] != 'ok' or not node['gpus']:
+            why = node['msg'] if node['status'] != 'ok' else 'no GPU found'
+            lines.append(','.join([csv_cell(node['host']), csv_cell(node['status'])] + [''] * (len(CSV_COLUMNS) - 3) + [csv_cell(why)]))
+            continue
+        for row in gpus[node['first_gpu']:node['first_gpu'] + node['gpus']]:
+            cells = [csv_cell(row['host']), 'ok']
+            cells.extend(csv_cell('; '.join(str(why) for why in row['reasons']) if key == 'reasons' else row[key]) for key in CSV_FIELDS)
+            lines.append(','.join(cells) + ',')
+    return '\n'.join(lines) + '\n'
 
 
 def _users(procs):
@@ -174,26 +248,42 @@ def _users(procs):
     return sorted(rows, key=lambda row: row['used_mib'], reverse=True)
 
 
-def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024):
+def _pages(kind, count, size):
+    return [{'kind': kind, 'page': number, 'file': '%s-%04d.html' % (kind, number), 'start': start, 'stop': min(start + size, count)}
+            for number, start in enumerate(range(0, count, size), 1)]
+
+
+def _count(name, value, least):
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or isinstance(value, bool) or number < least:
+        raise AnsibleFilterError('fleet_rows: invalid %s %r: expected an integer of at least %d' % (name, value, least))
+    return number
+
+
+def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024, page_nodes=0, page_rows=1000, index_rows=100):
     if not isinstance(records, (list, tuple)):
         raise AnsibleFilterError('fleet_rows: the node records must be a list, got %s' % type(records).__name__)
     try:
         idle_util_pct, idle_min_mib = int(idle_util_pct), int(idle_min_mib)
     except (TypeError, ValueError) as exc:
         raise AnsibleFilterError('fleet_rows: idle_util_pct and idle_min_mib must be integers: %s' % exc)
-    gpus, procs, holders = [], [], []
+    page_nodes, page_rows, index_rows = _count('page_nodes', page_nodes, 0), _count('page_rows', page_rows, 1), _count('index_rows', index_rows, 0)
+    gpus, procs, holders, nodes = [], [], [], []
     status = {'ok': 0, 'unreachable': 0}
     for node in records:
         if not isinstance(node, Mapping) or 'host' not in node:
             raise AnsibleFilterError('fleet_rows: a node record must be a mapping with a host, got %r' % (node,))
         host = node['host']
         status[node.get('status')] = status.get(node.get('status'), 0) + 1
-        facts = node.get('gpu')
-        if not facts:
-            continue
+        facts = node.get('gpu') or {}
         devices, processes = facts.get('devices') or [], facts.get('processes') or []
         utils = dict((dev.get('index'), dev.get('utilization_pct')) for dev in devices)
-        gpus.extend(_gpu_row(host, dev, processes) for dev in devices)
+        mine = [_gpu_row(host, dev, processes) for dev in devices]
+        nodes.append(_node_row(node, len(gpus), mine, processes))
+        gpus.extend(mine)
         procs.extend(_proc_row(host, proc, utils, idle_util_pct, idle_min_mib) for proc in processes)
         holders.extend(dict(holder, host=host, cmd=_cmd(holder)) for holder in facts.get('holders') or [])
     users = _users(procs)
@@ -207,8 +297,13 @@ def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024):
               'orphaned_mib': sum(row['orphaned_mib'] or 0 for row in gpus),
               'idle_mib': sum(row['used_mib'] or 0 for row in idle), 'processes': len(procs), 'users': len(users),
               'unhealthy_gpus': len(unhealthy), 'idle_holders': len(idle), 'orphan_holders': len(holders)}
-    return {'gpus': gpus, 'procs': procs, 'holders': holders, 'users': users, 'idle': idle, 'orphaned': orphaned,
-            'unhealthy': unhealthy, 'totals': totals}
+    pages = []
+    if page_nodes and len(nodes) > page_nodes:
+        pages = _pages('nodes', len(nodes), page_nodes)
+        for kind, rows in (('idle', idle), ('orphaned', orphaned), ('holders', holders), ('unhealthy', unhealthy)):
+            pages.extend(_pages(kind, len(rows), page_rows) if len(rows) > index_rows else [])
+    return {'records': records, 'gpus': gpus, 'procs': procs, 'holders': holders, 'nodes': nodes, 'users': users, 'idle': idle,
+            'orphaned': orphaned, 'unhealthy': unhealthy, 'pages': pages, 'totals': totals, 'csv': fleet_csv(nodes, gpus)}
 
 
 class FilterModule(object):

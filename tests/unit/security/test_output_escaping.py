@@ -21,6 +21,7 @@ import jinja2
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.filter.printable import FilterModule as PrintableFilters
+from ansible_collections.gpufleet.reclaim.plugins.filter.fleet_rows import fleet_csv, fleet_rows
 from ansible_collections.gpufleet.reclaim.plugins.filter.redact_gpu_facts import redact_gpu_facts
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import cli, guard, history, notify, policy, reset, select, textmatch
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import printable, printable_lines
@@ -281,7 +282,8 @@ def _report_vars():
     totals = {'nodes': 2, 'nodes_ok': 1, 'nodes_unreachable': 1, 'nodes_failed': 0, 'gpus': 1, 'memory_total_mib': 81920,
               'memory_used_mib': 8192, 'orphaned_mib': 1024, 'idle_mib': 4096, 'processes': 1, 'users': 1,
               'unhealthy_gpus': 1, 'idle_holders': 1, 'orphan_holders': 1}
-    return {'gpufleet_records': records, 'gpufleet_gpus': [gpu_row], 'gpufleet_procs': [proc_row], 'gpufleet_holders': [holder],
+    return {'gpufleet_records': records, 'gpufleet_nodes': fleet_rows(records)['nodes'], 'gpufleet_pages': [], 'gpufleet_index_rows': 100,
+            'gpufleet_gpus': [gpu_row], 'gpufleet_procs': [proc_row], 'gpufleet_holders': [holder],
             'gpufleet_users': [{'user': proc_row['user'], 'used_mib': 4096, 'processes': 1, 'gpus': 1, 'nodes': 1, 'idle_mib': 4096}],
             'gpufleet_idle': [proc_row], 'gpufleet_orphaned': [gpu_row], 'gpufleet_unhealthy': [gpu_row],
             'gpufleet_totals': totals, 'gpufleet_generated': '2026-01-01T00:00:00Z', 'gpufleet_top': 10,
@@ -303,7 +305,8 @@ def test_html_report_escapes_hostile_facts():
 
 
 def test_csv_report_escapes_controls_and_defuses_formulas():
-    text = _report_env().get_template('report.csv.j2').render(**_report_vars())
+    report = _report_vars()
+    text = fleet_csv(report['gpufleet_nodes'], report['gpufleet_gpus'])     # fleet.csv (gpufleet.reclaim.fleet_rows' csv)
     assert not unsafe_in(text, allow='\n'), unsafe_in(text, allow='\n')
     rows = list(csv.reader(io.StringIO(text)))
     assert len(rows) == 3 and all(len(row) == len(rows[0]) for row in rows), rows    # header, node1's GPU, node2

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ansible.errors import AnsibleFilterError
@@ -115,11 +117,7 @@ def test_values_stay_raw_in_the_rows_and_the_page_escapes_them():
     rows = fleet_rows(recs)
     assert rows['procs'][0]['user'] == 'mallory\x1b[2J' and '<script>' in rows['procs'][0]['cmd'] and 'abc' not in rows['procs'][0]['cmd']
     assert rows['gpus'][0]['name'] == '<b>H100</b>\u202e'
-    html = _report_env().get_template('report.html.j2').render(
-        gpufleet_records=recs, gpufleet_gpus=rows['gpus'], gpufleet_procs=rows['procs'], gpufleet_holders=rows['holders'],
-        gpufleet_users=rows['users'], gpufleet_idle=rows['idle'], gpufleet_orphaned=rows['orphaned'],
-        gpufleet_unhealthy=rows['unhealthy'], gpufleet_totals=rows['totals'], gpufleet_generated='2026-01-01T00:00:00Z',
-        gpufleet_top=10, gpufleet_idle_util_pct=5, gpufleet_idle_min_mib=1024)
+    html = _report_env().get_template('report.html.j2').render(**_report(rows))
     assert not unsafe_in(html, allow='\n'), unsafe_in(html, allow='\n')
     assert '<script>' not in html and '&lt;script&gt;alert(1)&lt;/script&gt;' in html and '&lt;b&gt;H100&lt;/b&gt;\\u202e' in html
     assert 'mallory\\x1b[2J' in html and 'id="node-node&lt;2&gt;"' in html and 'ssh \\x1b[31m&lt;down&gt;' in html
@@ -129,29 +127,127 @@ def test_values_stay_raw_in_the_rows_and_the_page_escapes_them():
     assert '<details' not in html[html.index('id="node-node&lt;2&gt;"'):]
 
 
-def _page(recs):
+def test_fleet_csv_has_a_line_per_gpu_and_one_per_node_without_gpus():
+    recs = records() + [{'host': 'node5', 'status': 'ok', 'msg': '', 'gpu': {'devices': [], 'processes': []}}]
     rows = fleet_rows(recs)
-    return _report_env().get_template('report.html.j2').render(
-        gpufleet_records=recs, gpufleet_gpus=rows['gpus'], gpufleet_procs=rows['procs'], gpufleet_holders=rows['holders'],
-        gpufleet_users=rows['users'], gpufleet_idle=rows['idle'], gpufleet_orphaned=rows['orphaned'],
-        gpufleet_unhealthy=rows['unhealthy'], gpufleet_totals=rows['totals'], gpufleet_generated='2026-01-01T00:00:00Z',
-        gpufleet_top=10, gpufleet_idle_util_pct=5, gpufleet_idle_min_mib=1024)
+    assert rows['records'] is recs
+    lines = rows['csv'].split('\n')
+    assert lines[0].startswith('host,status,gpu_index,uuid,') and lines[0].endswith(',top_pid,top_used_mib,message') and lines[-1] == ''
+    expected = [['"node1"', 'ok', '0'], ['"node1"', 'ok', '1'], ['"node2"', 'ok', '0'], ['"node3"', '"unreachable"', ''],
+                ['"node4"', '"failed"', ''], ['"node5"', '"ok"', '']]
+    assert [line.split(',')[:3] for line in lines[1:-1]] == expected
+    assert lines[2] == ('"node1",ok,1,"GPU-1","H100","0000:01:00.0",24576,81920,30.0,4096,90,40,100.0,"ok","none","",1,"alice",12,20480,')
+    assert lines[3].split(',')[8] == '' and lines[3].split(',')[15] == '"Xid 79"'      # memory use unknown: an empty cell, never 0
+    assert lines[4].endswith(',"ssh: timed out"') and lines[6].endswith(',"no GPU found"')
 
 
-def test_a_large_fleet_comes_in_pages_of_nodes_and_long_tables_open_under_n_more():
-    idle = {'devices': [device(0, 130 * GIB, list(range(1, 131)))],
-            'processes': [process(pid, 'u%d' % pid, GIB, [0]) for pid in range(1, 131)], 'holders': []}
-    recs = [{'host': 'n%03d' % n, 'status': 'ok' if n == 0 else 'unreachable', 'msg': 'down', 'gpu': idle if n == 0 else None}
-            for n in range(251)]
-    html = _page(recs)
-    assert html.count('<article class="node') == 251 and html.count('class="nodes page many"') == 2
-    assert '<a href="#nodes-1">n000 …</a>' in html and '<a href="#nodes-2">n250 …</a>' in html
-    assert html.index('id="node-n249"') < html.index('id="nodes-2"') < html.index('id="node-n250"')
+def _report(rows):
+    """The variables the playbook hands the report's templates."""
+    return dict(gpufleet_gpus=rows['gpus'], gpufleet_procs=rows['procs'], gpufleet_holders=rows['holders'], gpufleet_nodes=rows['nodes'],
+                gpufleet_users=rows['users'], gpufleet_idle=rows['idle'], gpufleet_orphaned=rows['orphaned'],
+                gpufleet_unhealthy=rows['unhealthy'], gpufleet_totals=rows['totals'], gpufleet_pages=rows['pages'],
+                gpufleet_generated='2026-01-01T00:00:00Z', gpufleet_top=10, gpufleet_idle_util_pct=5, gpufleet_idle_min_mib=1024,
+                gpufleet_page_nodes=100, gpufleet_index_rows=100)
+
+
+def _pages(recs, page_nodes=100, page_rows=500):
+    """Every file of the report: index.html and the pages it links, by name."""
+    rows = fleet_rows(recs, page_nodes=page_nodes, page_rows=page_rows)
+    env, report = _report_env(), _report(rows)
+    files = {'index.html': env.get_template('report.html.j2').render(**report)}
+    for page in rows['pages']:
+        template = 'report-nodes.html.j2' if page['kind'] == 'nodes' else 'report-rows.html.j2'
+        files[page['file']] = env.get_template(template).render(gpufleet_page=page, **report)
+    return files
+
+
+def _page(recs):
+    return _pages(recs)['index.html']
+
+
+def _idle_node(count):
+    return {'devices': [device(0, count * GIB, list(range(1, count + 1)))],
+            'processes': [process(pid, 'u%d' % pid, GIB, [0]) for pid in range(1, count + 1)], 'holders': []}
+
+
+def test_nodes_rows_point_at_their_gpus_and_add_them_up():
+    nodes = fleet_rows(records())['nodes']
+    assert [(n['host'], n['status'], n['first_gpu'], n['gpus'], n['processes']) for n in nodes] == [
+        ('node1', 'ok', 0, 2, 3), ('node2', 'ok', 2, 1, 1), ('node3', 'unreachable', 3, 0, 0), ('node4', 'failed', 3, 0, 0)]
+    node1, node2 = nodes[0], nodes[1]
+    assert (node1['memory_used_mib'], node1['memory_total_mib'], node1['unhealthy'], node1['orphaned']) == (30 * GIB, 160 * GIB, 0, 1)
+    assert (node2['memory_used_mib'], node2['unhealthy'], node2['orphaned'], node2['backend_error']) == (0, 1, 0, None)
+    assert nodes[2]['msg'] == 'ssh: timed out'
+    # a node without GPUs says why when a backend does
+    facts = {'backends': {'amd': {'error': None}, 'nvidia': {'error': 'no libnvidia-ml'}}, 'devices': [], 'processes': []}
+    empty = [{'host': 'n', 'status': 'ok', 'msg': '', 'gpu': facts}]
+    assert fleet_rows(empty)['nodes'][0]['backend_error'] == 'no libnvidia-ml'
+    assert 'No GPU found (no libnvidia-ml).' in _page(empty)
+
+
+def test_pages_only_past_page_nodes_and_only_for_long_offenders_lists():
+    recs = [{'host': 'n%03d' % n, 'status': 'ok' if n == 0 else 'unreachable', 'msg': 'down', 'gpu': _idle_node(130) if n == 0 else None}
+            for n in range(201)]
+    assert fleet_rows(recs)['pages'] == [] and fleet_rows(recs[:100], page_nodes=100)['pages'] == []
+    pages = fleet_rows(recs, page_nodes=100, page_rows=50)['pages']
+    assert [(p['kind'], p['page'], p['file'], p['start'], p['stop']) for p in pages] == [
+        ('nodes', 1, 'nodes-0001.html', 0, 100), ('nodes', 2, 'nodes-0002.html', 100, 200), ('nodes', 3, 'nodes-0003.html', 200, 201),
+        ('idle', 1, 'idle-0001.html', 0, 50), ('idle', 2, 'idle-0002.html', 50, 100), ('idle', 3, 'idle-0003.html', 100, 130)]
+    assert [p['kind'] for p in fleet_rows(recs, page_nodes=100, index_rows=130)['pages']] == ['nodes'] * 3
+
+
+def test_a_small_fleet_is_one_page_and_long_tables_open_under_n_more():
+    recs = [{'host': 'n%03d' % n, 'status': 'ok' if n == 0 else 'unreachable', 'msg': 'down', 'gpu': _idle_node(130) if n == 0 else None}
+            for n in range(100)]
+    files = _pages(recs)
+    assert list(files) == ['index.html']
+    html = files['index.html']
+    assert html.count('<article class="node') == 100 and '<nav class="pages"' not in html
     # 130 idle holders: 100 rows shown, 30 under "30 more", every one of them in the page
     assert '<details>\n<summary><h3><span>n000</span>' in html      # past 50 nodes a node's GPUs start closed
     assert '<summary>30 more</summary>' in html and all('<td class="num">%d</td>' % pid in html for pid in range(1, 131))
-    # one page: no page links
-    assert '<nav class="pages"' not in _page(recs[:250]) and '<summary>30 more</summary>' in _page(recs[:1])
+    assert '<details open>\n<summary><h3><span>n000</span>' in _page(recs[:50])
+
+
+def test_a_large_fleet_gets_an_index_and_pages_of_nodes_and_of_rows():
+    recs = [{'host': 'n%03d' % n, 'status': 'ok' if n % 50 == 0 else 'unreachable', 'msg': 'down', 'gpu': _idle_node(130) if n % 50 == 0 else None}
+            for n in range(201)]
+    files = _pages(recs, page_rows=200)
+    assert sorted(files) == ['idle-000%d.html' % n for n in range(1, 5)] + ['index.html'] + ['nodes-000%d.html' % n for n in range(1, 4)]
+    index = files['index.html']
+    # the index: totals, offenders (first 100 rows, then links to pages of every row), one line per page of nodes; no node card
+    assert '<article' not in index and '<summary>' not in index
+    assert '<tr><td><a href="nodes-0002.html">2</a></td><td><span>n100</span> … <span>n199</span></td><td class="num">100</td>' in index
+    # the first 100 idle holders' rows, and 10 largest processes (the same row)
+    assert len(re.findall(r'<td class="num">[0-9]+</td><td>u[0-9]+</td><td class="num">1.0</td>', index)) == 100 + 10
+    assert ('<nav class="pages" aria-label="Idle holders: every row">All 650 rows: <a href="idle-0001.html">1-200</a> '
+            '<a href="idle-0002.html">201-400</a> <a href="idle-0003.html">401-600</a> <a href="idle-0004.html">601-650</a> </nav>') in index
+    # a page of nodes: its nodes' cards, GPUs open, links to the other pages and back
+    page2 = files['nodes-0002.html']
+    assert page2.count('<article class="node') == 100 and 'id="node-n100"' in page2 and 'id="node-n200"' not in page2
+    assert '<details open>\n<summary><h3><span>n150</span>' in page2 and '<a href="index.html">' in page2
+    assert '<a href="nodes-0001.html">1</a> <b>2</b> <a href="nodes-0003.html">3</a>' in page2
+    # a page of rows: its slice of the list
+    rows2 = files['idle-0002.html']
+    assert rows2.count('<tr><td>n') == 200 and 'rows 201-400 of 650' in rows2
+    for name, html in files.items():
+        assert '<script' not in html and "default-src 'none'" in html, name
+        assert set(re.findall(r'(?:src|href)\s*=\s*"([^"]*)"', html)) <= set(files) | {'data:,'}, name
+
+
+def test_every_page_escapes_what_the_nodes_wrote():
+    hostile = ['python', '<script>alert(1)</script>', '\x1b]0;pwned\x07', '--token=abc']
+    facts = {'devices': [device(0, 8 * GIB, [1, 2], name='<b>H100</b>\u202e')],
+             'processes': [process(pid, 'mallory\x1b[2J', 4 * GIB, [0], cmdline=hostile) for pid in (1, 2)], 'holders': []}
+    recs = [{'host': 'node<%03d>\u202e' % n, 'status': 'ok', 'msg': '', 'gpu': redact_gpu_facts(facts)} for n in range(101)]
+    files = _pages(recs, page_rows=150)
+    assert sorted(files) == ['idle-0001.html', 'idle-0002.html', 'index.html', 'nodes-0001.html', 'nodes-0002.html']
+    for name, html in files.items():
+        assert not unsafe_in(html, allow='\n'), (name, unsafe_in(html, allow='\n'))
+        assert '<script>' not in html and '<b>H100' not in html and 'abc' not in html, name
+        assert 'node&lt;000&gt;\\u202e' in html or 'node&lt;100&gt;\\u202e' in html, name
+    assert '&lt;b&gt;H100&lt;/b&gt;\\u202e' in files['nodes-0001.html'] and 'mallory\\x1b[2J' in files['idle-0002.html']
+    assert '&lt;script&gt;alert(1)&lt;/script&gt;' in files['idle-0002.html']
 
 
 @pytest.mark.parametrize('bad, needle', [
@@ -164,6 +260,10 @@ def test_bad_input_is_a_clear_error(bad, needle):
         fleet_rows(bad)
     with pytest.raises(AnsibleFilterError, match='idle_util_pct and idle_min_mib must be integers'):
         fleet_rows([], idle_util_pct='five')
+    with pytest.raises(AnsibleFilterError, match="invalid page_rows 0: expected an integer of at least 1"):
+        fleet_rows([], page_rows=0)
+    with pytest.raises(AnsibleFilterError, match="invalid page_nodes 'many': expected an integer of at least 0"):
+        fleet_rows([], page_nodes='many')
 
 
 def test_the_filter_is_registered():
