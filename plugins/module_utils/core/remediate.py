@@ -54,12 +54,11 @@ from .reclaim import ReclaimOptions, reclaim
 from .reset import RELEASE_TIMEOUT, SIGKILL_WAIT, Host, ResetOptions, recovery_action, reset
 from .select import Selector
 from .text import printable
-from .xid import DEFAULT_WINDOW_S
+from .xid import DEFAULT_WINDOW_S, read_boot_id as boot_id
 
 STEPS = ('kill_application', 'reset', 'drain', 'reboot_flag', 'undrain')
 DEFAULT_REBOOT_FLAG = REBOOT_FLAG_PATH
 DEFAULT_STATE_PATH = REMEDIATION_STATE_PATH
-BOOT_ID = '/proc/sys/kernel/random/boot_id'
 FLAG_LIMIT = 256 * 1024
 STATE_LIMIT = 4 * 1024 * 1024
 MAX_HANDLED = 2000
@@ -149,14 +148,6 @@ class RemediateOptions(object):
 
 
 # ---------------------------------------------------------------------------- remembered state
-def boot_id(path=BOOT_ID):
-    try:
-        with open(path) as handle:
-            return handle.read(64).strip() or None
-    except OSError:
-        return None
-
-
 def _read_json(path, limit):
     """The JSON object in root's file ``path`` (checked, no link followed), {} when missing; (data, problem)."""
     if not path:
@@ -333,16 +324,16 @@ def _classify(ladder, dev, options, handled, reset_at=None, boot=None):
                 step.name, step.why = 'drain', '%s (reset is off: drained instead)' % step.why
 
 
-def plan_remediation(snapshot, options, ladder_state=None, reboot_flag=None):
+def plan_remediation(snapshot, options, ladder_state=None, reboot_flag=None, boot=None):
     """One GpuLadder per selected GPU (the steps in ladder order) for ``snapshot``.
 
     ``ladder_state``: the remembered state (handled events); ``reboot_flag``: the current boot's flag
-    (its GPUs wait for the reboot: their steps are left out).
+    (its GPUs wait for the reboot: their steps are left out); ``boot``: this boot's id (default: read).
     """
     handled = (ladder_state or {}).get('handled') or {}
     reset_at = (ladder_state or {}).get('reset_at') or {}
     waiting = ((reboot_flag or {}).get('gpus') or {})
-    boot = boot_id()
+    boot = boot_id() if boot is None else boot
     ladders = []
     for dev in _selected(snapshot, options):
         ladder = GpuLadder(dev)
@@ -502,7 +493,7 @@ def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=Non
             run.audit({'step': 'reboot_flag', 'status': 'removed', 'why': 'written before the last boot', 'flag': flag})
         flag_removed = True
         flag = None
-    ladders = plan_remediation(snapshot, options, state, flag)
+    ladders = plan_remediation(snapshot, options, state, flag, current_boot)
     node = Node(options, host, scheduler_daemon() if scheduler is None else scheduler)
     reboot_wanted = dict((flag or {}).get('gpus') or {})
     drain_reasons = []

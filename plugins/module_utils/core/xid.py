@@ -310,13 +310,18 @@ def _remember(memo, boot, entries, events):
     memo['events'] = [event_dict(event) for event in events[-MEMO_EVENTS:]]
 
 
-def current_boot_id(path=BOOT_ID_PATH):
-    """This boot's id as journald writes it (32 hex digits, no dashes), or None when unreadable."""
+def read_boot_id(path=BOOT_ID_PATH):
+    """This boot's id as the kernel gives it (a UUID with dashes), or None when unreadable: the one reader."""
     try:
         with open(path, 'rb') as handle:
-            text = handle.read(64).decode('ascii', 'replace').strip().replace('-', '').lower()
+            return handle.read(64).decode('ascii', 'replace').strip() or None
     except OSError:
         return None
+
+
+def current_boot_id(path=BOOT_ID_PATH):
+    """This boot's id as journald writes it (32 hex digits, no dashes), or None when unreadable."""
+    text = (read_boot_id(path) or '').replace('-', '').lower()
     return text if _BOOT_RE.match(text) else None
 
 
