@@ -141,7 +141,7 @@ def _slurm_script_parser(sub, script):
     cmd.add_argument('--kill-wait', type=float, default=scripts.DEFAULT_KILL_WAIT_S, help='seconds to wait after SIGKILL')
     cmd.add_argument('--release-timeout', type=float, default=scripts.DEFAULT_RELEASE_TIMEOUT_S,
                      help='seconds for the GPU memory to come back (default %g)' % scripts.DEFAULT_RELEASE_TIMEOUT_S)
-    cmd.add_argument('--slurm-timeout', type=float, default=10.0, help='seconds per Slurm command (squeue, scontrol)')
+    cmd.add_argument('--slurm-timeout', type=float, default=scripts.SLURM_TIMEOUT_S, help='seconds per Slurm command (squeue, scontrol)')
     cmd.add_argument('--driver-timeout', type=float, default=scripts.DEFAULT_DRIVER_TIMEOUT_S, help='seconds per driver read')
     cmd.add_argument('--script-metrics', metavar='PATH',
                      help='textfile of this script (default: gpufleet_slurm_%s.prom next to the guard\'s metrics; empty: none)' % script)

@@ -143,7 +143,7 @@ def record_samples(db, snapshot, now=None, interval_s=None, retention_days=None,
         raise HistoryError('history_retention_days must be from 1 to %d, got %r' % (MAX_RETENTION_DAYS, retention_days))
     patterns = notify.default_patterns() if patterns is None else patterns
     # redacted before the write lock is taken; '...' marks a cut command line (MAX_CMDLINE in all)
-    cmdlines = [notify.redact(proc.cmdline, patterns, MAX_CMDLINE - 3) for proc in snapshot.processes]
+    cmdlines = notify.redact_many([proc.cmdline for proc in snapshot.processes], patterns, MAX_CMDLINE - 3)
     own = not isinstance(db, sqlite3.Connection)
     conn = _connect_rw(db) if own else db
     try:

@@ -260,12 +260,14 @@ class DriverProbe(object):
             self.vendor_indexes.setdefault(dev.vendor, set()).add(dev.vendor_index)
         # GPU index -> {(GPU instance id, compute instance id)}: boards whose reading is that of these MIG devices
         self.mig_instances = dict(mig_instances or {})
+        # the backends with such a board: each poll reads their devices whole (the MIG devices' lists)
+        self.whole = set(name for (name, _vi), index in self.index.items() if index in self.mig_instances)
 
     def __call__(self):
         view = {}
         for backend in [backend for selection in self.selections for backend in selection.backends]:
             try:
-                if any(name == backend.name and index in self.mig_instances for (name, _vi), index in self.index.items()):
+                if backend.name in self.whole:
                     readings = dict((dev.vendor_index, self._reading(dev)) for dev in backend.devices())
                 else:
                     readings = backend.memory_view(self.vendor_indexes.get(backend.name, set()))

@@ -87,9 +87,9 @@ class Job(object):
     """One Slurm job as this node sees it: id (text), uid, user, state, start and end (epoch seconds or None), and
     ``gpus``: the GRES gpu indexes it holds on this node (None when Slurm did not say)."""
 
-    __slots__ = ('id', 'uid', 'user', 'state', 'start', 'end', 'gpus', 'nodes')
+    __slots__ = ('id', 'uid', 'user', 'state', 'start', 'end', 'gpus')
 
-    def __init__(self, id, uid=None, user=None, state=None, start=None, end=None, gpus=None, nodes=()):  # pylint: disable=redefined-builtin
+    def __init__(self, id, uid=None, user=None, state=None, start=None, end=None, gpus=None):  # pylint: disable=redefined-builtin
         self.id = str(id)
         self.uid = uid
         self.user = user
@@ -97,7 +97,6 @@ class Job(object):
         self.start = start
         self.end = end
         self.gpus = None if gpus is None else sorted(set(gpus))
-        self.nodes = tuple(nodes)
 
     @property
     def active(self):
@@ -139,8 +138,7 @@ def jobs_from_json(data, node):
         out[str(raw['job_id'])] = Job(raw['job_id'], uid=uid if isinstance(uid, int) and not isinstance(uid, bool) else None,
                                       user=raw.get('user_name') if isinstance(raw.get('user_name'), str) else None,
                                       state=state.split()[0] if isinstance(state, str) and state else None,
-                                      start=_epoch(raw.get('start_time')), end=_epoch(raw.get('end_time')), gpus=gpus,
-                                      nodes=[n for n in names if isinstance(n, str)])
+                                      start=_epoch(raw.get('start_time')), end=_epoch(raw.get('end_time')), gpus=gpus)
     return out
 
 

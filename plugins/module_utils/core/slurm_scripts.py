@@ -30,7 +30,8 @@ from . import audit_log, killer, metrics as metrics_mod, safe_files
 from .constants import DEFAULT_PROTECT_NAMES
 from .model import CONTEXT_OVERHEAD_MIB
 from .reclaim import DriverProbe
-from .slurm import Candidate, Job, SlurmClient, SlurmError, boot_clock, host_gpus, job_claims, node_name, parse_index_list, stale_claims, valid_job_id
+from .slurm import (SLURM_TIMEOUT_S, Candidate, Job, SlurmClient, SlurmError, boot_clock, host_gpus, job_claims, node_name,
+                    parse_index_list, stale_claims, valid_job_id)
 from .snapshot import take_snapshot
 from .text import printable
 
@@ -52,7 +53,7 @@ class ScriptOptions(object):
     drain (drain the node when needed), dry_run (decide and report; signal and drain nothing)."""
 
     def __init__(self, grace=DEFAULT_GRACE_S, kill_wait=DEFAULT_KILL_WAIT_S, release_timeout=DEFAULT_RELEASE_TIMEOUT_S,
-                 slurm_timeout=10.0, driver_timeout=DEFAULT_DRIVER_TIMEOUT_S, vendor='auto', log=None, metrics=None,
+                 slurm_timeout=SLURM_TIMEOUT_S, driver_timeout=DEFAULT_DRIVER_TIMEOUT_S, vendor='auto', log=None, metrics=None,
                  drain=True, dry_run=False):
         for field, value in (('grace', grace), ('kill_wait', kill_wait), ('release_timeout', release_timeout),
                              ('slurm_timeout', slurm_timeout), ('driver_timeout', driver_timeout)):
@@ -67,10 +68,9 @@ class ScriptOptions(object):
         return 3 * self.slurm_timeout + self.driver_timeout + self.grace + self.kill_wait + self.release_timeout + 5.0
 
 
-def candidates(snapshot, started=None):
-    """Every visible process on the node's GPUs (listed by the driver, or holding a GPU device file) as a Candidate;
-    ``started``: /proc start time -> epoch seconds (slurm.boot_clock)."""
-    started = started or boot_clock()
+def candidates(snapshot):
+    """Every visible process on the node's GPUs (listed by the driver, or holding a GPU device file) as a Candidate."""
+    started = boot_clock()   # /proc start time -> epoch seconds
     out = []
     for proc in list(snapshot.processes) + list(snapshot.holders):
         if proc.status in ('not_found', 'zombie', 'dead'):
@@ -96,9 +96,11 @@ def _entry(cand, why):
             'used_mib': cand.used_mib, 'cgroup_job': cand.cgroup_job, 'why': why}
 
 
-def _signal(claimed, options, on_sent):
+def _signal(claimed, run):
     """SIGTERM, SIGKILL after the grace, to each claimed (Candidate, why) still the same process (start time and uid
-    read again) and not protected (killer.Protection).  Returns (victims, refused entries)."""
+    read again) and not protected (killer.Protection).  Returns the victims; the refused (and, in a dry run, what
+    would be killed) go into the run's result."""
+    options = run.options
     protection = killer.Protection(protect_names=DEFAULT_PROTECT_NAMES)
     victims, refused = [], []
     for cand, why in claimed:
@@ -114,11 +116,15 @@ def _signal(claimed, options, on_sent):
             continue
         victims.append(killer.Victim(cand.pid, cand.starttime, record=_entry(cand, why)))
     if victims and not options.dry_run:
-        killer.terminate(victims, signal.SIGTERM, timeout=options.grace, force=True, kill_timeout=options.kill_wait, on_sent=on_sent)
-    return victims, refused
+        killer.terminate(victims, signal.SIGTERM, timeout=options.grace, force=True, kill_timeout=options.kill_wait,
+                         on_sent=run.journal)
+    run.out['refused'] = refused
+    if options.dry_run:
+        run.out['would_kill'] = [v.record for v in victims]
+    return victims
 
 
-def _release(snapshot, gpus, victims, ghost_pids, options):
+def _release(snapshot, gpus, victims, ghost_pids, run):
     """killer.wait_release over ``gpus``: the killed victims and the ghosts must leave the driver's lists, and the
     GPU's used memory must come down to what the processes still listed there hold (plus the driver's per-context
     allowance, model.CONTEXT_OVERHEAD_MIB).  Only GPUs where something was ended, a ghost is listed or memory no
@@ -134,13 +140,15 @@ def _release(snapshot, gpus, victims, ghost_pids, options):
         kept = sum(p.used_mib_by_gpu.get(gpu) or 0 for p in others) + CONTEXT_OVERHEAD_MIB.get(dev.vendor if dev else None, 0) * len(others)
         before = dev.memory_used_mib if dev is not None else None
         expected[gpu] = {'pids': pids, 'before_mib': before, 'held_mib': None if before is None else max(0, before - kept)}
-    if not expected or options.dry_run:
-        return {}
-    probe = DriverProbe(options.vendor, snapshot)
-    try:
-        return killer.wait_release(expected, probe, timeout=options.release_timeout)
-    finally:
-        probe.close()
+    release = {}
+    if expected and not run.options.dry_run:
+        probe = DriverProbe(run.options.vendor, snapshot, gpus=set(expected))
+        try:
+            release = killer.wait_release(expected, probe, timeout=run.options.release_timeout)
+        finally:
+            probe.close()
+    run.out['release'] = dict((str(g), e) for g, e in sorted(release.items()))
+    return release
 
 
 def drain_reason(text):
@@ -254,14 +262,17 @@ class _Run(object):
             self.warnings.append('could not write the metrics %s: %s' % (self.options.metrics, exc.strerror or exc))
 
 
-def _look(run, snapshot_fn):
-    """(jobs on this node or None, listpids or None, snapshot)."""
+def _begin(script, options, environ, client, snapshot_fn):
+    """The start of the epilog and the prolog: (run, jobs on this node or None, listpids or None, snapshot, the job
+    of ``environ`` with host-wide GPU indexes)."""
+    environ = os.environ if environ is None else environ
+    run = _Run(script, options, environ, client or SlurmClient(timeout=options.slurm_timeout))
     jobs = run.slurm('squeue --json', lambda: run.client.jobs(run.node))
     listpids = run.slurm('scontrol listpids', run.client.listpids)
     snapshot = snapshot_fn(vendor=run.options.vendor, gather_processes=True, scan_holders=True,
                            driver_timeout=run.options.driver_timeout)
     run.warnings.extend(snapshot.errors)
-    return jobs, listpids, snapshot
+    return run, jobs, listpids, snapshot, _on_host(run.job(jobs), snapshot)
 
 
 def _on_host(job, snapshot):
@@ -271,24 +282,17 @@ def _on_host(job, snapshot):
 
 def epilog(options, environ=None, client=None, snapshot_fn=take_snapshot):
     """Run the epilog of the job in ``environ`` (slurmd's environment); returns the result (``rc``: the exit code)."""
-    environ = os.environ if environ is None else environ
-    client = client or SlurmClient(timeout=options.slurm_timeout)
-    run = _Run('epilog', options, environ, client)
-    jobs, listpids, snapshot = _look(run, snapshot_fn)
-    job = _on_host(run.job(jobs), snapshot)
+    run, jobs, listpids, snapshot, job = _begin('epilog', options, environ, client, snapshot_fn)
     run.out['gpus'] = job.gpus
     if not job.gpus:
         run.warnings.append('job %s has no GPU on this node as far as Slurm and slurmd say: only its cgroup decides' % job.id)
     others = None if jobs is None else [_on_host(j, snapshot) for j in jobs.values() if j.id != job.id]
     claimed, spared = job_claims(job, candidates(snapshot), others, listpids)
     run.out['spared'] = [_entry(c, why) for c, why in spared if c.gpus & set(job.gpus or ())]
-    victims, run.out['refused'] = _signal(claimed, options, run.journal)
-    if options.dry_run:
-        run.out['would_kill'] = [v.record for v in victims]
+    victims = _signal(claimed, run)
     shared = set(g for other in others or () if other.active for g in other.gpus or ())
     ghost_pids = dict((g, v) for g, v in ghosts(snapshot, set(job.gpus or ())).items() if g not in shared)
-    release = _release(snapshot, job.gpus or (), victims, ghost_pids, options)
-    run.out['release'] = dict((str(g), e) for g, e in sorted(release.items()))
+    release = _release(snapshot, job.gpus or (), victims, ghost_pids, run)
     unreleased = [(g, e['unreleased_mib']) for g, e in sorted(release.items()) if not e['released']]
     run.out['unreleased'] = [{'gpu': g, 'mib': mib} for g, mib in unreleased]
     rc = EXIT_OK
@@ -307,22 +311,15 @@ def epilog(options, environ=None, client=None, snapshot_fn=take_snapshot):
 
 def prolog(options, environ=None, client=None, snapshot_fn=take_snapshot):
     """Run the prolog of the job in ``environ``; returns the result (``rc`` 1: refuse the job, the node drained)."""
-    environ = os.environ if environ is None else environ
-    client = client or SlurmClient(timeout=options.slurm_timeout)
-    run = _Run('prolog', options, environ, client)
-    jobs, listpids, snapshot = _look(run, snapshot_fn)
-    job = _on_host(run.job(jobs), snapshot)
+    run, jobs, listpids, snapshot, job = _begin('prolog', options, environ, client, snapshot_fn)
     gpus = set(job.gpus or ())
     run.out['gpus'] = sorted(gpus)
     on_gpus = [c for c in candidates(snapshot) if c.gpus & gpus]
     _own, stale, blocking = stale_claims(job.id, on_gpus, jobs, listpids)
     run.out['blocking'] = [_entry(c, why) for c, why in blocking]
-    victims, run.out['refused'] = _signal(stale, options, run.journal)
-    if options.dry_run:
-        run.out['would_kill'] = [v.record for v in victims]
+    victims = _signal(stale, run)
     ghost_pids = ghosts(snapshot, gpus)
-    release = _release(snapshot, sorted(gpus), victims, ghost_pids, options)
-    run.out['release'] = dict((str(g), e) for g, e in sorted(release.items()))
+    release = _release(snapshot, sorted(gpus), victims, ghost_pids, run)
     problems = []
     for gpu in sorted(gpus):
         dev = snapshot.device(gpu)
