@@ -19,11 +19,6 @@ import re
 from .errors import InvalidArgument
 from .validation import MAX_ALIAS_NODES, MAX_ERRORS, MAX_NESTING, DocumentLimitError, check_nesting, join, line_of, show, too_deep, type_name
 
-_join = join
-_show = show
-_too_deep = too_deep
-_type = type_name
-
 
 # The yaml module (or None when PyYAML is missing), imported on first use: the agent's ticks
 # usually read the policy from the state's cache and never pay for importing PyYAML.
@@ -81,7 +76,7 @@ def _strict_yaml_loader():
             alias = self.check_event(yaml.AliasEvent)
             line = self.peek_event().start_mark.line + 1
             if self.open_nodes > MAX_NESTING:
-                raise DocumentLimitError(_too_deep(), line)
+                raise DocumentLimitError(too_deep(), line)
             self.open_nodes += 1
             try:
                 node = yaml.SafeLoader.compose_node(self, parent, index)
@@ -98,7 +93,7 @@ def _strict_yaml_loader():
                 if self.alias_nodes > MAX_ALIAS_NODES:
                     raise DocumentLimitError('aliases expand to more than %d nodes (the limit)' % MAX_ALIAS_NODES, line)
             if self.open_nodes + known[1] > MAX_NESTING:
-                raise DocumentLimitError(_too_deep(), line)
+                raise DocumentLimitError(too_deep(), line)
             return node
 
     def construct_mapping(loader, node, deep=False):
@@ -172,7 +167,7 @@ def _sniffed(text, source):
     try:
         return 'toml', _read_toml(text, source), {}
     except PolicyError:
-        raise PolicyError([('', _show(data), 'a policy is a mapping (or a list of shorthand rules), got %s' % _type(data))], source)
+        raise PolicyError([('', show(data), 'a policy is a mapping (or a list of shorthand rules), got %s' % type_name(data))], source)
 
 
 def document_syntax(text, source):
@@ -222,7 +217,7 @@ def _read_yaml(text, source):
     except yaml.YAMLError as exc:
         raise PolicyError([('', None, 'YAML error: %s' % str(exc).replace('\n', ' '))], source)
     except RecursionError:
-        raise PolicyError([('', None, _too_deep())], source)
+        raise PolicyError([('', None, too_deep())], source)
     except (ValueError, TypeError, OverflowError) as exc:
         raise PolicyError([('', None, 'cannot read the YAML document: %s' % exc)], source)
     finally:
@@ -248,7 +243,7 @@ def _node_lines(root):
                 key, child = item
                 if not isinstance(key.value, str):
                     continue
-                sub = _join(path, key.value)
+                sub = join(path, key.value)
             else:
                 key = child = item
                 sub = '%s[%d]' % (path, index)
@@ -273,7 +268,7 @@ def _read_json(text, source):
     try:
         data = json.loads(text, object_pairs_hook=_unique_pairs)
     except RecursionError:
-        raise PolicyError([('', None, _too_deep())], source)
+        raise PolicyError([('', None, too_deep())], source)
     except json.JSONDecodeError as exc:
         raise PolicyError([('', None, _syntax_error('JSON', exc.lineno, exc.colno, exc.msg), exc.lineno)], source)
     except ValueError as exc:
@@ -317,7 +312,7 @@ def _read_toml(text, source):
             raise PolicyError([('', None, _syntax_error('TOML', line, int(found.group(3)), why), line)], source)
         raise PolicyError([('', None, 'TOML syntax error: %s' % message)], source)
     except RecursionError:
-        raise PolicyError([('', None, _too_deep())], source)
+        raise PolicyError([('', None, too_deep())], source)
 
 
 def _plain(data, depth=0):
@@ -411,7 +406,7 @@ class PolicyError(InvalidArgument):
             if _whole(path, value):
                 lines.append('%s: %s' % (self.source, why))  # a line it names is in ``why``, with the column
             else:
-                lines.append('%s: %s: invalid value %s: %s' % (where, path or '(top)', _show(value), why))
+                lines.append('%s: %s: invalid value %s: %s' % (where, path or '(top)', show(value), why))
         if len(self.errors) > MAX_ERRORS:
             lines.append('... and %d more error(s)' % (len(self.errors) - MAX_ERRORS))
         self.args = ('\n'.join(lines),)

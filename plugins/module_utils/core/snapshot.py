@@ -98,11 +98,6 @@ def _matches(dev, key):
     return dev.uuid is not None and dev.uuid.lower() == text.lower()
 
 
-# A MIG device named by ``GPU:GI[:CI]`` (0:1, 0:1:0) or its MIG- UUID: model.mig_devices_named (policy rules name them so too)
-_MIG_FORM = MIG_FORM
-_mig_matches = mig_devices_named
-
-
 def resolve_gpu_targets(devices, gpus):
     """[(Device, MigDevices or None)] named by ``gpus``: host-wide indexes, board UUIDs (the whole board: None),
     MIG device UUIDs (``MIG-...``) and ``GPU:GI`` / ``GPU:GI:CI`` forms (only those MIG devices of the board).
@@ -120,7 +115,7 @@ def resolve_gpu_targets(devices, gpus):
             raise InvalidArgument('gpus', key, 'an empty value is neither a GPU index nor a UUID')
         found = False
         for dev in devices:
-            migs = _mig_matches(dev, text)
+            migs = mig_devices_named(dev, text)   # GPU:GI[:CI] or a MIG- UUID (policy rules name them so too)
             if migs is None and _matches(dev, text):
                 wanted[dev.index] = (dev, None)
                 found = True
@@ -137,7 +132,7 @@ def resolve_gpu_targets(devices, gpus):
 def _unknown_gpu(devices, text):
     known = ', '.join('%s (%s)' % (dev.index, dev.uuid or 'no UUID') for dev in devices) or 'none'
     migs = ', '.join('%s (%s)' % (m.unit, m.uuid or 'no UUID') for dev in devices for m in getattr(dev, 'mig_devices', None) or ())
-    if _MIG_FORM.match(text) or text.lower().startswith('mig-'):
+    if MIG_FORM.match(text) or text.lower().startswith('mig-'):
         return 'no MIG device on this host has this GPU:GPU-instance id or MIG UUID; MIG devices here: %s' % (migs or 'none')
     return 'no GPU on this host has this index or UUID; GPUs here: %s%s' % (known, '; MIG devices: %s' % migs if migs else '')
 

@@ -79,6 +79,11 @@ PRESENCE_FILES = OrderedDict([('nvidia', ('nvidiactl',)), ('amd', ('kfd',))])
 LIBRARIES = {'nvidia': 'nvidia-ml-py (imported as pynvml)', 'amd': 'amdsmi (shipped with ROCm)'}
 
 
+def present_files(vendor, dev_roots):
+    """The device files of ``vendor`` (PRESENCE_FILES) that exist under ``dev_roots``."""
+    return [os.path.join(root, f) for root in dev_roots for f in PRESENCE_FILES.get(vendor, ()) if os.path.exists(os.path.join(root, f))]
+
+
 def vendor_backend(vendor):
     """The backend class of ``vendor`` (a Device's ``vendor``): its class-method hooks answer the
     vendor's device-file naming and reset steps (see base.Backend)."""
@@ -97,8 +102,7 @@ def preload(vendor, dev_roots):
     Python binding, not the library) is compiled once instead of in both processes.  A failed import is left
     to the read, which reports it."""
     names = [vendor] if vendor in REGISTRY else [
-        name for name, files in PRESENCE_FILES.items() if vendor == 'auto' and name in REGISTRY and any(
-            os.path.exists(os.path.join(root, f)) for root in dev_roots for f in files)]
+        name for name in PRESENCE_FILES if vendor == 'auto' and name in REGISTRY and present_files(name, dev_roots)]
     loaded = []
     for name in names:
         try:
@@ -126,7 +130,7 @@ class Selection(object):
             status = self.statuses.get(name)
             if name not in self.requested or status is None or status.available:
                 continue
-            present = [os.path.join(root, f) for root in dev_roots for f in files if os.path.exists(os.path.join(root, f))]
+            present = present_files(name, dev_roots)
             if present:
                 found.append('%s GPU device files exist (%s) but the %s backend cannot read them: %s. This node\'s GPUs are '
                              'missing from the result. Fix: install %s for %s, or run the gpufleet.reclaim.prereqs role '

@@ -466,7 +466,7 @@ class NvidiaBackend(Backend):
             for pid, used, gpu_instance, compute_instance in procs:
                 entry = into.add_driver_process(pid, bytes_to_mib(used), kind)
                 if gpu_instance is not None and gpu_instance != nvidia_mig.NO_INSTANCE and entry.mig is None:
-                    entry.mig = nvidia_mig.instance_ref(nvml_arrays.ProcInfo(pid, used, gpu_instance, compute_instance))
+                    entry.mig = nvidia_mig.instance_ref(gpu_instance, compute_instance)
 
     def _read_process_utilization(self, dev, handle):
         """Fill ``util_pct`` of the listed processes from the driver's per-process samples."""

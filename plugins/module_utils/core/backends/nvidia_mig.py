@@ -49,11 +49,9 @@ def nvml_text(value):
     return value.rstrip('\x00').strip() or None
 
 
-def instance_ref(proc_info):
-    """{gpu_instance_id, compute_instance_id, uuid: None} of an nvmlProcessInfo entry, or None when it is on no
-    MIG device (older process structures have no such fields)."""
-    gi = getattr(proc_info, 'gpuInstanceId', None)
-    ci = getattr(proc_info, 'computeInstanceId', None)
+def instance_ref(gi, ci):
+    """{gpu_instance_id, compute_instance_id, uuid: None} of a process list entry's GPU and compute instance ids, or
+    None when it is on no MIG device (None: older process structures have no such fields)."""
     if gi is None or int(gi) == NO_INSTANCE:
         return None
     return {'gpu_instance_id': int(gi), 'compute_instance_id': None if ci is None or int(ci) == NO_INSTANCE else int(ci),

@@ -23,7 +23,6 @@ Errors are pynvml's own exceptions (``NVMLError(code)`` picks the subclass), as 
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import struct
 
@@ -104,9 +103,8 @@ class ArrayReader(object):
 
 
 # ---------------------------------------------------------------------------- the two arrays the NVIDIA backend reads
-# One entry of a process list: what nvidia_mig.instance_ref reads (built only for an entry on a MIG device).
-ProcInfo = collections.namedtuple('ProcInfo', 'pid usedGpuMemory gpuInstanceId computeInstanceId')
-PROCESS_FIELDS = ProcInfo._fields
+# The fields of a process list entry that the backend reads (pynvml's names)
+PROCESS_FIELDS = ('pid', 'usedGpuMemory', 'gpuInstanceId', 'computeInstanceId')
 PROCESS_TYPE = 'c_nvmlProcessInfo_v3_t'
 SAMPLE_FIELDS = ('pid', 'smUtil')
 SAMPLE_TYPE = 'c_nvmlProcessUtilizationSample_t'

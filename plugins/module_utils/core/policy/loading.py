@@ -16,8 +16,7 @@ from .. import safe_files
 from ..constants import POLICY_PATH
 # the document readers live in the leaf core/documents.py; their names, importable from here as before
 from ..documents import (  # noqa: F401  pylint: disable=unused-import
-    MAX_POLICY_BYTES, TOML_MISSING, document_format, document_syntax, read_document, read_document_lines, toml_module, yaml_loader,
-    yaml_module)
+    MAX_POLICY_BYTES, TOML_MISSING, document_format, document_syntax, read_document, read_document_lines, yaml_loader)
 from .schema import parse_policy
 from .validation import PolicyError
 

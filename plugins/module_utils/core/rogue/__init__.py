@@ -70,7 +70,7 @@ def _lazy_module(part):
 
 
 def __getattr__(name):
-    """The names of LAZY_NAMES, and YAML_IMPORT_ERROR (as loader's), loaded on first use (PEP 562): importing the
+    """The names of LAZY_NAMES, and YAML_IMPORT_ERROR (why PyYAML cannot be imported), loaded on first use (PEP 562): importing the
     package imports neither the rules-file loader nor PyYAML."""
     if name == 'YAML_IMPORT_ERROR':
         from ..documents import yaml_import_error  # pylint: disable=import-outside-toplevel

@@ -27,14 +27,6 @@ from . import rules as R
 from .config import AllowEntry, CustomRule, RogueConfig
 
 
-def __getattr__(name):
-    """YAML_IMPORT_ERROR: why PyYAML cannot be imported (None when it can); PyYAML is imported only when
-    a YAML rules document is read, or this is asked (PEP 562)."""
-    if name == 'YAML_IMPORT_ERROR':
-        return documents.yaml_import_error()
-    raise AttributeError('module %r has no attribute %r' % (__name__, name))
-
-
 SCHEMA_VERSION = 1
 MAX_RULES_FILE = 1024 * 1024
 _ID_RE = re.compile(r'^[A-Za-z][A-Za-z0-9_.-]{0,63}$')
