@@ -136,7 +136,8 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import csv_cell
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.idle import IdleRule
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import csv_cell, csv_row
 
 # fleet.csv's columns: a GPU row's fields, then message (a node that could not be read, or has no GPU, is one row)
 CSV_COLUMNS = ('host', 'status', 'gpu_index', 'uuid', 'name', 'pci_bus_id', 'memory_used_mib', 'memory_total_mib', 'memory_used_pct',
@@ -201,16 +202,15 @@ def _node_row(node, first_gpu, gpus, processes):
             'backend_error': (errors[0] if errors else '') if backends else None}
 
 
-def _proc_row(host, proc, utils, idle_util_pct, idle_min_mib):
+def _proc_row(host, proc, utils, rule):
     gpus = proc.get('gpu_indexes', [])
     pu = [utils.get(index) for index in gpus]
-    known = bool(pu) and None not in pu
+    util = max(pu) if pu and None not in pu else None
     used = proc.get('used_mib')
     container = proc.get('container')
     return {'host': host, 'pid': proc.get('pid'), 'user': proc.get('user') if proc.get('user') is not None else '?',
             'name': proc.get('name'), 'cmd': _cmd(proc), 'used_mib': used, 'gpus': gpus,
-            'gpu_util_pct': max(pu) if known else None,
-            'idle': known and max(pu) <= idle_util_pct and used is not None and used >= idle_min_mib,
+            'gpu_util_pct': util, 'idle': rule.is_idle(util, used),   # core.idle: the one idleness rule
             'container': container.get('id') if container else None,
             'slurm_job': proc.get('slurm_job'), 'status': proc.get('status')}
 
@@ -222,7 +222,7 @@ def fleet_csv(nodes, gpus):
     for node in nodes:
         if node['status'] != 'ok' or not node['gpus']:
             why = node['msg'] if node['status'] != 'ok' else 'no GPU found'
-            lines.append(','.join([csv_cell(node['host']), csv_cell(node['status'])] + [''] * (len(CSV_COLUMNS) - 3) + [csv_cell(why)]))
+            lines.append(csv_row((node['host'], node['status']) + (None,) * (len(CSV_COLUMNS) - 3) + (why,)))
             continue
         for row in gpus[node['first_gpu']:node['first_gpu'] + node['gpus']]:
             cells = [csv_cell(row['host']), 'ok']
@@ -270,6 +270,7 @@ def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024, page_nodes=0, page_r
         idle_util_pct, idle_min_mib = int(idle_util_pct), int(idle_min_mib)
     except (TypeError, ValueError) as exc:
         raise AnsibleFilterError('fleet_rows: idle_util_pct and idle_min_mib must be integers: %s' % exc)
+    rule = IdleRule(idle_util_pct, idle_min_mib)
     page_nodes, page_rows, index_rows = _count('page_nodes', page_nodes, 0), _count('page_rows', page_rows, 1), _count('index_rows', index_rows, 0)
     gpus, procs, holders, nodes = [], [], [], []
     status = {'ok': 0, 'unreachable': 0}
@@ -284,7 +285,7 @@ def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024, page_nodes=0, page_r
         mine = [_gpu_row(host, dev, processes) for dev in devices]
         nodes.append(_node_row(node, len(gpus), mine, processes))
         gpus.extend(mine)
-        procs.extend(_proc_row(host, proc, utils, idle_util_pct, idle_min_mib) for proc in processes)
+        procs.extend(_proc_row(host, proc, utils, rule) for proc in processes)
         holders.extend(dict(holder, host=host, cmd=_cmd(holder)) for holder in facts.get('holders') or [])
     users = _users(procs)
     idle = sorted((row for row in procs if row['idle']), key=lambda row: row['used_mib'], reverse=True)
