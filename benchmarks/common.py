@@ -266,6 +266,32 @@ def peak_rss_kib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def private_collections():
+    """A private ANSIBLE_COLLECTIONS_PATH that links to this tree (never build/collections: others use it); the
+    caller removes it (shutil.rmtree)."""
+    base = tempfile.mkdtemp(prefix='gpufleet-bench-coll-')
+    os.makedirs(os.path.join(base, 'ansible_collections', 'gpufleet'))
+    os.symlink(ROOT, os.path.join(base, 'ansible_collections', 'gpufleet', 'reclaim'))
+    return base
+
+
+def ansible_bin():
+    """The ``ansible`` command next to this interpreter, else the one on PATH (None: none)."""
+    here = os.path.join(os.path.dirname(sys.executable), 'ansible')
+    return here if os.access(here, os.X_OK) else shutil.which('ansible')
+
+
+def parse_trees(specs):
+    """``--tree LABEL=PATH`` values as [(label, path)]; exits with a clear message on a bad one."""
+    trees = []
+    for spec in specs:
+        label, sep, path = spec.partition('=')
+        if not sep or not label or not os.path.isdir(os.path.join(path, 'ansible_collections', 'gpufleet', 'reclaim')):
+            sys.exit('--tree: invalid value %r: expected LABEL=PATH, PATH holding ansible_collections/gpufleet/reclaim' % spec)
+        trees.append((label, path))
+    return trees
+
+
 def machine_busy_s(stat_path='/proc/stat'):
     """CPU-seconds the whole machine has spent busy since boot (user, nice, system, irq, softirq of every CPU).
 

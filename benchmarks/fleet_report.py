@@ -249,9 +249,7 @@ def run(sizes, collections=None, browser=True, log=print):
     started = time.monotonic()
     made = collections is None
     if made:
-        collections = tempfile.mkdtemp(prefix='gpufleet-bench-coll-')
-        os.makedirs(os.path.join(collections, 'ansible_collections', 'gpufleet'))
-        os.symlink(common.ROOT, os.path.join(collections, 'ansible_collections', 'gpufleet', 'reclaim'))
+        collections = common.private_collections()
     results = []
     try:
         for nodes in sizes:

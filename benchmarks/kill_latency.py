@@ -146,9 +146,7 @@ def summary(values, scale=1.0):
 def via_ansible(timeout):
     """One ``ansible localhost -m gpufleet.reclaim.gpu_kill`` on a one-node fleet (root only)."""
     fleet_dir = tempfile.mkdtemp(prefix='gpufleet-bench-fleet-')
-    coll = tempfile.mkdtemp(prefix='gpufleet-bench-coll-')
-    os.makedirs(os.path.join(coll, 'ansible_collections', 'gpufleet'))
-    os.symlink(ROOT, os.path.join(coll, 'ansible_collections', 'gpufleet', 'reclaim'))
+    coll = common.private_collections()
     up = [sys.executable, os.path.join(ROOT, 'tests', 'fleet', 'up'), '--nodes', '1', '--dir', fleet_dir, '-q']
     down = [sys.executable, os.path.join(ROOT, 'tests', 'fleet', 'down'), '--dir', fleet_dir]
     try:

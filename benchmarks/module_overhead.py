@@ -77,11 +77,6 @@ print(json.dumps({'processes': len(facts['processes']), 'devices': len(facts['de
 '''
 
 
-def ansible_bin():
-    here = os.path.join(os.path.dirname(sys.executable), 'ansible')
-    return here if os.access(here, os.X_OK) else shutil.which('ansible')
-
-
 def _seen(row, text):
     """GPU processes a row's output reports (None when it cannot tell)."""
     try:
@@ -106,7 +101,7 @@ def run(gpu_processes=10, reps=5, rows=ROWS, log=print, trees=()):
     ``trees``: (label, collections path) pairs; each adds a row running gpu_facts from that tree, in the
     same rotation (e.g. main beside this change), with its own ratio to ping."""
     started = time.monotonic()
-    ansible = ansible_bin()
+    ansible = common.ansible_bin()
     base = tempfile.mkdtemp(prefix='gpufleet-bench-mod-')
     node = None
     all_rows = ROWS + tuple(tree_row(label) for label, _path in trees)
@@ -221,12 +216,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not os.path.isfile(common.SHIM):
         sys.exit('the simulator is not built: run "make sim"')
-    trees = []
-    for spec in args.tree:
-        label, sep, path = spec.partition('=')
-        if not sep or not label or not os.path.isdir(os.path.join(path, 'ansible_collections', 'gpufleet', 'reclaim')):
-            sys.exit('--tree: invalid value %r: expected LABEL=PATH, PATH holding ansible_collections/gpufleet/reclaim' % spec)
-        trees.append((label, path))
+    trees = common.parse_trees(args.tree)
     result = run(args.gpu_processes, args.reps, trees=trees)
     print(markdown(result))
     for name, figs in sorted(result['derived'].items()):

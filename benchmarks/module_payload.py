@@ -56,11 +56,6 @@ BASELINE = 'ansible.module_utils.basic'
 LIST_OURS = 'import sys, %s; print(" ".join(m for m in sys.modules if m.startswith("ansible_collections.gpufleet")))'
 
 
-def ansible_bin():
-    here = os.path.join(os.path.dirname(sys.executable), 'ansible')
-    return here if os.access(here, os.X_OK) else shutil.which('ansible')
-
-
 def build_payload(collections, module, work, args='vendor=none-such', check=False, fqcn=None, inventory=None):
     """The AnsiballZ wrapper text and zip bytes that ``ansible`` sends for ``module`` (``fqcn``: default
     gpufleet.reclaim.MODULE) with the arguments ``args`` (default: one every module rejects), to localhost,
@@ -71,7 +66,7 @@ def build_payload(collections, module, work, args='vendor=none-such', check=Fals
                ANSIBLE_LOCAL_TEMP=os.path.join(work, 'local'))
     target = ['node01', '-i', inventory, '-e', 'ansible_pipelining=false'] if inventory else [
         'localhost', '-c', 'local', '-e', 'ansible_python_interpreter=%s' % sys.executable]
-    argv = [ansible_bin()] + target + ['-m', fqcn or 'gpufleet.reclaim.%s' % module, '-a', args] + (['--check'] if check else [])
+    argv = [common.ansible_bin()] + target + ['-m', fqcn or 'gpufleet.reclaim.%s' % module, '-a', args] + (['--check'] if check else [])
     subprocess.run(argv, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=300)
     found = glob.glob(os.path.join(remote, '*', 'AnsiballZ_%s.py' % module))
     if not found:
@@ -233,23 +228,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.calls and not os.path.isfile(common.SHIM):
         sys.exit('--calls: the simulator is not built: run "make sim"')
-    if ansible_bin() is None:
+    if common.ansible_bin() is None:
         sys.exit('ansible is not installed next to %s nor on PATH' % sys.executable)
     modules = [m for m in args.modules.split(',') if m]
     for module in modules:
         if module not in MODULES:
             sys.exit('--modules: invalid value %r: expected some of %s' % (module, ', '.join(MODULES)))
-    trees, private, calls = [], None, None
-    for spec in args.tree:
-        label, sep, path = spec.partition('=')
-        if not sep or not os.path.isdir(os.path.join(path, 'ansible_collections', 'gpufleet', 'reclaim')):
-            sys.exit('--tree: invalid value %r: expected LABEL=PATH, PATH holding ansible_collections/gpufleet/reclaim' % spec)
-        trees.append((label, path))
+    trees, private, calls = common.parse_trees(args.tree), None, None
     try:
         if not trees:
-            private = tempfile.mkdtemp(prefix='gpufleet-bench-coll-')
-            os.makedirs(os.path.join(private, 'ansible_collections', 'gpufleet'))
-            os.symlink(common.ROOT, os.path.join(private, 'ansible_collections', 'gpufleet', 'reclaim'))
+            private = common.private_collections()
             trees.append(('this', private))
         result = measure(trees, modules, args.reps)
         calls = measure_calls(trees, args.reps) if args.calls else None

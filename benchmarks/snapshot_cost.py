@@ -245,9 +245,7 @@ def measure_cell(node, agent, peers, tools, reps, gpu_pids, log, baseline=None):
         if tool == 'phases' and all('holder_scan' in e for e in entries):
             fig['phases'] = dict((name, common.stats([e[name] for e in entries])) for name in PHASES)
     # per-repetition ratios (same repetition, same node state)
-    for mine, peer in (('ours', 'gpustat'), ('ours', 'nvitop'), ('ours_holders', 'gpustat'), ('fdscan', 'fuser'),
-                       ('tick', 'gpustat'), ('base', 'gpustat'), ('base', 'nvitop'), ('base_holders', 'gpustat'),
-                       ('ours', 'base'), ('ours_holders', 'base_holders')):
+    for mine, peer in RATIO_PAIRS + (('fdscan', 'fuser'), ('tick', 'gpustat')):
         if mine in result and peer in result:
             for key in ('cpu_s', 'wall_s', 'maxrss_kib'):
                 values = common.ratios([e[key] for e in runs[mine]], [e[key] for e in runs[peer]])
