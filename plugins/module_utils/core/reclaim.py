@@ -405,19 +405,19 @@ def signalled_record(victims):
     return out
 
 
-def _journal_signals(selector, options, victims, on_signalled, warnings):
+def _journal_signals(head, options, victims, on_signalled, warnings):
     """Record the first signals as soon as they are sent (killer.terminate's ``on_sent``).
 
     The run may end before its own record: killed while it waits for the processes to exit (a
     dropped SSH session hangs it up), or by a vendor library that crashes (SIGSEGV) during the
-    release check; the signals already sent must be on record anyway.
+    release check; the signals already sent must be on record anyway.  ``head``: the record's fields
+    that the signals do not change (event, actor, selectors, options), made before the first signal
+    so that only the append is left between the signals and their record.
     """
     signalled = signalled_record(victims)
     if options.audit_path:
         try:
-            audit_log.append(options.audit_path, {
-                'event': SIGNALLED_EVENT, 'actor': audit_log.actor(), 'selectors': selector_summary(selector),
-                'options': options.summary(), 'signalled': signalled})
+            audit_log.append(options.audit_path, dict(head, signalled=signalled))
         except audit_log.AuditLogError as exc:
             warnings.append(str(exc))
     if on_signalled is not None:
@@ -478,9 +478,11 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     decided = plan(snapshot, selector, options, protection, idle_since=idle_since, now=now, dev_roots=dev_roots)
     victims = decided.victims
     would_signal = len(decided.would_signal)
+    head = {'event': SIGNALLED_EVENT, 'actor': audit_log.actor(), 'selectors': selector_summary(selector),
+            'options': options.summary()} if options.audit_path else None
     killer.terminate(victims, signum=signal_number(options.signal), timeout=options.timeout, force=options.force,
                      kill_timeout=options.kill_timeout, check_mode=check_mode,
-                     on_sent=lambda sent: _journal_signals(selector, options, sent, on_signalled, warnings))
+                     on_sent=lambda sent: _journal_signals(head, options, sent, on_signalled, warnings))
     release = {}
     unreleased = []
     if not check_mode:
@@ -528,10 +530,8 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     result['msg'] = _message(check_mode, killed, skipped, failed, freed, result['unreleased_mib'], decided.unmatched)
     if options.audit_path and signalled:
         try:
-            audit_log.append(options.audit_path, {
-                'event': EVENT, 'actor': audit_log.actor(), 'selectors': selector_summary(selector),
-                'options': options.summary(), 'killed': killed, 'failed': failed, 'skipped': skipped,
-                'freed_mib': freed, 'unreleased': unreleased, 'msg': result['msg']})
+            audit_log.append(options.audit_path, dict(head, event=EVENT, killed=killed, failed=failed, skipped=skipped,
+                                                      freed_mib=freed, unreleased=unreleased, msg=result['msg']))
         except audit_log.AuditLogError as exc:
             result['warnings'].append(str(exc))
     return result
