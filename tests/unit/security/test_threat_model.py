@@ -23,7 +23,8 @@ DOC = os.path.join(ROOT, 'docs', 'security.md')
 CORE = os.path.join(ROOT, 'plugins', 'module_utils', 'core')
 _REF = re.compile(r'([\w./-]+\.py)?(?:::(test_\w+))?')
 # what the core reads from the environment, and the programs it looks up or runs
-_ENV_READS = (re.compile(r"""environ(?:\.get\('([A-Z_][A-Z0-9_]*)'|\['([A-Z_][A-Z0-9_]*)'\](?!\s*=[^=]))"""), re.compile(r"""^[A-Z_]*ENV = '([A-Z_][A-Z0-9_]*)'""", re.M))
+_ENV_READS = (re.compile(r"""environ(?:\.get\('([A-Z_][A-Z0-9_]*)'|\['([A-Z_][A-Z0-9_]*)'\](?!\s*=[^=]))"""),
+              re.compile(r"""^[A-Z_]*ENV = '([A-Z_][A-Z0-9_]*)'""", re.M))
 _PROGRAMS = (re.compile(r"""find_program\('([\w-]+)'"""), re.compile(r"""\.tool\('([\w-]+)'\)"""),
              re.compile(r"""(?:self\.run|client\.run|_run)\(\['([\w-]+)'"""), re.compile(r"""^[A-Z_]+ = '([\w-]+-smi|ioreg)'$""", re.M))
 
