@@ -307,8 +307,8 @@ def test_a_leftover_on_a_gpu_of_its_users_running_job_is_ended_and_no_node_is_dr
         mine = sorted([case['p']] + case['p_kids'])
         if proctrack == 'cgroup':   # A's own workload sat in A's cgroup: Slurm ended it, or the epilog did by that cgroup
             killed = dict((pid, why) for pid, why in killed.items() if why != "in job %s's cgroup" % case['a'])
-        assert sorted(killed) == mine and all(why.startswith("uid %d's process started " % pwd.getpwnam('alice').pw_uid)
-                                             for why in killed.values()), epilog
+        alice = "uid %d's process started " % pwd.getpwnam('alice').pw_uid
+        assert sorted(killed) == mine and all(why.startswith(alice) for why in killed.values()), epilog
         spared = dict((s['pid'], s['why']) for s in epilog[0]['spared'])
         assert spared[r] == ("started after job %s of the same user started, which is still RUNNING here, so it could be that "
                              "job's" % case['b']), epilog
