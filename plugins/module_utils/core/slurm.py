@@ -255,12 +255,14 @@ class SlurmClient(object):
 class Candidate(object):
     """A process on the node's GPUs as the decision sees it: pid, starttime (identity), real uid, ``started`` (epoch
     seconds, from /proc's start time), ``cgroup_job`` (the job its root-owned cgroup names, or None), ``gpus`` (the
-    host-wide GPU indexes it uses), name and the MiB the driver charges to it."""
+    host-wide GPU indexes it uses), name, the MiB the driver charges to it, and ``ppid`` (its parent, from /proc)."""
 
-    __slots__ = ('pid', 'starttime', 'uid', 'user', 'started', 'cgroup_job', 'gpus', 'name', 'used_mib')
+    __slots__ = ('pid', 'starttime', 'uid', 'user', 'started', 'cgroup_job', 'gpus', 'name', 'used_mib', 'ppid')
 
-    def __init__(self, pid, starttime=None, uid=None, started=None, cgroup_job=None, gpus=(), name=None, used_mib=None, user=None):
+    def __init__(self, pid, starttime=None, uid=None, started=None, cgroup_job=None, gpus=(), name=None, used_mib=None, user=None,
+                 ppid=None):
         self.pid = pid
+        self.ppid = ppid
         self.starttime = starttime
         self.uid = uid
         self.user = user
@@ -289,7 +291,7 @@ def job_claims(job, candidates, other_jobs, listpids=None, lifetime_rule=True):
     environments are never read: a process that claims ``SLURM_JOB_ID`` in its argv or environment is judged like
     any other.
     """
-    claimed, spared = [], []
+    verdicts = {}
     for cand in candidates:
         listed = listpids.get(cand.pid) if listpids else None
         why_not = None
@@ -298,19 +300,45 @@ def job_claims(job, candidates, other_jobs, listpids=None, lifetime_rule=True):
         elif listed is not None and listed != job.id:
             why_not = 'slurmstepd lists it under job %s' % listed
         elif cand.cgroup_job == job.id:
-            claimed.append((cand, 'in job %s\'s cgroup' % job.id))
+            verdicts[cand.pid] = ('claimed', 'in job %s\'s cgroup' % job.id)
             continue
         elif listed == job.id:
-            claimed.append((cand, 'slurmstepd lists it under job %s' % job.id))
+            verdicts[cand.pid] = ('claimed', 'slurmstepd lists it under job %s' % job.id)
             continue
         if why_not is None:
             why_not = _lifetime_rule(job, cand, other_jobs, listpids, lifetime_rule)
             if why_not is None:
-                claimed.append((cand, 'uid %s\'s process started %s s into job %s, on its GPU %s' % (
-                    cand.uid, int(cand.started - job.start), job.id, ','.join(str(g) for g in sorted(cand.gpus & set(job.gpus))))))
+                verdicts[cand.pid] = ('claimed', 'uid %s\'s process started %s s into job %s, on its GPU %s' % (
+                    cand.uid, int(cand.started - job.start), job.id, ','.join(str(g) for g in sorted(cand.gpus & set(job.gpus)))))
                 continue
-        spared.append((cand, why_not))
-    return claimed, spared
+        verdicts[cand.pid] = ('spared', why_not)
+    return _split(candidates, with_families(candidates, verdicts, listpids), ('claimed', 'spared'))
+
+
+def with_families(candidates, verdicts, listpids):
+    """``verdicts`` ({pid: (verdict, why)} of ``candidates``) with every process judged with its family: a process
+    whose parent is a candidate of its uid takes the verdict of the process its family started from (walking up its
+    parents), unless its own root-owned cgroup or slurmstepd names its job.  A worker holds its parent's GPU memory
+    (an inherited device file), so a parent is never ended without its workers, nor a worker while its parent is
+    spared or blocks.  Parents come from /proc (the kernel), never from the process."""
+    by_pid = dict((cand.pid, cand) for cand in candidates)
+    listed = listpids or {}
+    out = {}
+    for cand in candidates:
+        root = cand
+        for _step in range(len(by_pid)):
+            parent = by_pid.get(root.ppid)
+            if parent is None or parent.uid != root.uid or root.cgroup_job is not None or listed.get(root.pid) is not None:
+                break
+            root = parent
+        verdict, why = verdicts[root.pid]
+        out[cand.pid] = (verdict, why) if root is cand else (verdict, 'in the family of pid %d (%s): %s' % (root.pid, verdict, why))
+    return out
+
+
+def _split(candidates, verdicts, kinds):
+    """Lists of (Candidate, why), one per verdict of ``kinds``, in the candidates' order."""
+    return tuple([(cand, verdicts[cand.pid][1]) for cand in candidates if verdicts[cand.pid][0] == kind] for kind in kinds)
 
 
 def _lifetime_rule(job, cand, other_jobs, listpids, enabled):
@@ -330,9 +358,10 @@ def leftover_of(job, cand, active):
 
     The proof (every fact from the kernel or from slurmctld, none from the process): its real uid is the job's user's
     and not root's (root starts services that belong to no job); it started inside the job's lifetime
-    (``_outside``); and none of the jobs still active on this node (``active``) could own it: every one of its uid,
-    of root (who may start a process as anyone) or of an unknown user started after it (its start < that job's
-    start - 1 s), and a job's processes start after the job.
+    (``_outside``); and none of the jobs still active on this node (``active``) could own it.  An active job of its
+    uid, of root (who may start a process as anyone) or of an unknown user could own it, unless that job started
+    after it (its start < that job's start - 1 s: a job's processes start after the job) or Slurm says which GPUs
+    that job holds and the process is on none of them (it squats GPUs that are not that job's allocation).
     """
     if cand.uid == 0:
         return 'owned by root, whose processes only a cgroup or slurmstepd attributes to a job'
@@ -341,6 +370,8 @@ def leftover_of(job, cand, active):
     why_not = _outside(job, cand)
     for other in active if why_not is None else ():
         if other.uid not in (cand.uid, 0, None):
+            continue
+        if other.gpus is not None and not set(cand.gpus or ()) & set(other.gpus):
             continue
         whose = {cand.uid: 'the same user', 0: 'root'}.get(other.uid, 'an unknown user')
         if other.start is None:
@@ -374,31 +405,29 @@ def stale_claims(job, candidates, jobs, listpids):
     still knows (``MinJobAge`` after its end), the starting job counted among the active ones whatever its state.  ``blocking``:
     everything else (another active job's, or nothing proves it stale).
     """
-    own, stale, blocking = [], [], []
+    verdicts = {}
     active = None if jobs is None else [other for other in jobs.values() if other.active and other.id != job.id] + [job]
     for cand in candidates:
         listed = listpids.get(cand.pid) if listpids else None
         if cand.cgroup_job == job.id or listed == job.id:
-            own.append((cand, 'job %s\'s own process' % job.id))
+            verdicts[cand.pid] = ('own', 'job %s\'s own process' % job.id)
         elif listed is not None:
-            blocking.append((cand, 'slurmstepd lists it under job %s' % listed))
+            verdicts[cand.pid] = ('blocking', 'slurmstepd lists it under job %s' % listed)
         elif jobs is None or listpids is None:
-            blocking.append((cand, ('in job %s\'s cgroup, and Slurm could not be asked whether that job ended' % cand.cgroup_job)
-                             if cand.cgroup_job is not None else 'no root-owned cgroup names its job, and Slurm could not be '
-                             'asked which jobs ended'))
+            verdicts[cand.pid] = ('blocking', ('in job %s\'s cgroup, and Slurm could not be asked whether that job ended'
+                                               % cand.cgroup_job) if cand.cgroup_job is not None else
+                                  'no root-owned cgroup names its job, and Slurm could not be asked which jobs ended')
         elif cand.cgroup_job is not None and cand.cgroup_job in jobs and jobs[cand.cgroup_job].active:
-            blocking.append((cand, 'in job %s\'s cgroup, which is %s' % (cand.cgroup_job, jobs[cand.cgroup_job].state)))
+            verdicts[cand.pid] = ('blocking', 'in job %s\'s cgroup, which is %s' % (cand.cgroup_job, jobs[cand.cgroup_job].state))
         elif cand.cgroup_job is not None:
             state = jobs[cand.cgroup_job].state if cand.cgroup_job in jobs else 'no longer known to slurmctld'
-            stale.append((cand, 'left over from job %s (%s)' % (cand.cgroup_job, state)))
+            verdicts[cand.pid] = ('stale', 'left over from job %s (%s)' % (cand.cgroup_job, state))
         else:
             ended, why_not = _ended_owner(cand, jobs, active)
-            if ended is None:
-                blocking.append((cand, why_not))
-            else:
-                stale.append((cand, 'left over from job %s (%s): uid %s\'s process started %d s into it, before every job '
-                                    'still active here that could own it' % (ended.id, ended.state, cand.uid, int(cand.started - ended.start))))
-    return own, stale, blocking
+            verdicts[cand.pid] = ('blocking', why_not) if ended is None else (
+                'stale', 'left over from job %s (%s): uid %s\'s process started %d s into it, before every job still active here '
+                'that could own it' % (ended.id, ended.state, cand.uid, int(cand.started - ended.start)))
+    return _split(candidates, with_families(candidates, verdicts, listpids), ('own', 'stale', 'blocking'))
 
 
 def _ended_owner(cand, jobs, active):

@@ -77,7 +77,8 @@ def candidates(snapshot):
         if proc.status in ('not_found', 'zombie', 'dead'):
             continue
         out.append(Candidate(proc.pid, starttime=proc.starttime, uid=proc.uid, user=proc.user, started=started(proc.starttime),
-                             cgroup_job=proc.slurm_job, gpus=proc.gpu_indexes, name=proc.name, used_mib=getattr(proc, 'used_mib', None)))
+                             cgroup_job=proc.slurm_job, gpus=proc.gpu_indexes, name=proc.name, used_mib=getattr(proc, 'used_mib', None),
+                             ppid=proc.ppid))
     return out
 
 

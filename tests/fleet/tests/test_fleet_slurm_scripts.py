@@ -217,7 +217,7 @@ def test_epilog_ends_the_jobs_leftovers_drains_on_a_slow_release_and_the_prolog_
         prolog = [r for r in fleet.log('node03', 'slurm_prolog') if r['job']['job'] == second]
         assert len(prolog) == 1 and prolog[0]['rc'] == 0 and prolog[0]['drained'] is None and prolog[0]['blocking'] == [], prolog
         assert sorted(k['pid'] for k in prolog[0]['killed']) == sorted([busy_pid] + busy['children']), prolog
-        assert all(k['why'].startswith('left over from job %s (COMPLETED)' % first) for k in prolog[0]['killed']), prolog
+        assert all(_why_is(k['why'], 'left over from job %s (COMPLETED)' % first) for k in prolog[0]['killed']), prolog
         assert fleet.ended('node03', busy_pid) and prolog[0]['release'][str(busy_gpu)]['released'], prolog
         assert fleet.drained('node03') is None and 'JobState=RUNNING' in fleet.job(second)
         run(['scancel', bob, second], env=fleet.slurm_env)
@@ -278,6 +278,11 @@ def _leftover_on_a_running_job(fleet, node, tag):
             'q': q, 'release': lambda: open(until, 'w').close()}
 
 
+def _why_is(why, text):
+    """The decision's reason begins with ``text``, itself or as the reason of the family it was judged with."""
+    return why.startswith(text) or re.match(r'in the family of pid \d+ \(\w+\): %s' % re.escape(text), why) is not None
+
+
 def _ended_job(fleet, jobid):
     return wait_for('job %s to end' % jobid, lambda: re.search(r'JobState=(COMPLETED|CANCELLED)', fleet.job(jobid)), timeout=60).group(1)
 
@@ -286,8 +291,10 @@ def _ended_job(fleet, jobid):
 def test_a_leftover_on_a_gpu_of_its_users_running_job_is_ended_and_no_node_is_drained_for_it(tmp_path, shared_dir, proctrack):
     """Issue 28: job A's leftover also sits on a GPU of her running job B.  The epilog ends it (node02), or, where no
     epilog runs, the next job's prolog proves it stale, ends it and lets the job run (node03); B is untouched and no
-    node is drained for it.  A process of hers that started after B started could be B's: the epilog spares it and
-    the next prolog on its GPU refuses (drains) while B runs; once B has ended the next prolog proves it stale."""
+    node is drained for it.  A process of hers that started after B started and also uses B's GPU could be B's: A's
+    epilog spares it (and its worker, with it) and the next prolog on its GPU refuses (drains) while B runs; once B has
+    ended, B's epilog ends it (it started inside B's lifetime, on B's GPU) with its worker (which holds its memory), and
+    the next job starts with nothing to end."""
     if proctrack == 'cgroup' and not os.access('/sys/fs/cgroup/freezer', os.W_OK):
         pytest.skip('proctrack/cgroup needs a writable cgroup v1 freezer hierarchy (docs/slurm.md)')
     fleet = Fleet(tmp_path, shared_dir, proctrack)
@@ -297,7 +304,8 @@ def test_a_leftover_on_a_gpu_of_its_users_running_job_is_ended_and_no_node_is_dr
         fleet.site_epilog('node03')
         # node02, with the epilog
         case = _leftover_on_a_running_job(fleet, 'node02', 'node02')
-        r = fleet.spawn('node02', 'alice', case['a_gpu'], 512)    # started while B runs: it could be one of B's
+        r = fleet.spawn('node02', 'alice', case['a_gpu'], 512)    # started while B runs, on B's GPU too: it could be B's
+        fleet.on('node02', 'gpusim', 'attach', '--pid', r, '--gpu', case['b_gpu'], '--mib', 256)
         case['release']()
         assert _ended_job(fleet, case['a']) == 'COMPLETED'
         wait_for('the epilog to end the leftover', lambda: fleet.ended('node02', case['p']), timeout=30)
@@ -308,12 +316,12 @@ def test_a_leftover_on_a_gpu_of_its_users_running_job_is_ended_and_no_node_is_dr
         if proctrack == 'cgroup':   # A's own workload sat in A's cgroup: Slurm ended it, or the epilog did by that cgroup
             killed = dict((pid, why) for pid, why in killed.items() if why != "in job %s's cgroup" % case['a'])
         alice = "uid %d's process started " % pwd.getpwnam('alice').pw_uid
-        assert sorted(killed) == mine and all(why.startswith(alice) for why in killed.values()), epilog
+        assert sorted(killed) == mine and all(_why_is(why, alice) for why in killed.values()), epilog
         spared = dict((s['pid'], s['why']) for s in epilog[0]['spared'])
         assert spared[r] == ("started after job %s of the same user started, which is still RUNNING here, so it could be that "
                              "job's" % case['b']), epilog
         shown = fleet.gpusim('node02')
-        assert shown['gpus'][case['a_gpu']]['used_mib'] == 512 and shown['gpus'][case['b_gpu']]['used_mib'] == 1024, shown['gpus']
+        assert shown['gpus'][case['a_gpu']]['used_mib'] == 512 and shown['gpus'][case['b_gpu']]['used_mib'] == 1024 + 256, shown['gpus']
         assert fleet.entry('node02', case['q'])['alive'] and fleet.entry('node02', r)['alive'] and 'JobState=RUNNING' in fleet.job(case['b'])
         assert fleet.drained('node02') is None
         # bob's next job on that GPU: its prolog cannot prove r stale while B runs, so it refuses (drains) and kills nothing
@@ -328,19 +336,22 @@ def test_a_leftover_on_a_gpu_of_its_users_running_job_is_ended_and_no_node_is_dr
         assert fleet.entry('node02', r)['alive']
         run(['scancel', refused], env=fleet.slurm_env)
         run(['scontrol', 'update', 'nodename=node02', 'state=resume'], env=fleet.slurm_env)
-        # B ends (its epilog ends its own workload; r is on none of B's GPUs): now r is provably stale, and the next prolog
-        # ends it and lets the job run
+        r_kids = sorted(fleet.entry('node02', r)['children'])
+        assert r_kids and all(spared[kid] == 'in the family of pid %d (spared): %s' % (r, spared[r]) for kid in r_kids), epilog
+        # B ends: r started inside B's lifetime, on B's GPU, and no job left could own it, so B's epilog ends it, and its
+        # worker (on r's other GPU, holding r's memory) with it, beside B's own workload
         run(['scancel', case['b']], env=fleet.slurm_env)
-        b_state = _ended_job(fleet, case['b'])
+        _ended_job(fleet, case['b'])
         wait_for('B\'s workload to end', lambda: fleet.ended('node02', case['q']), timeout=30)
+        wait_for('B\'s epilog to end r and its worker', lambda: fleet.ended('node02', r), timeout=30)
+        b_epilog = wait_for('B\'s epilog record', lambda: [x for x in fleet.log('node02', 'slurm_epilog') if x['job']['job'] == case['b']])
+        assert set([r] + r_kids) <= set(k['pid'] for k in b_epilog[0]['killed']) and b_epilog[0]['drained'] is None, b_epilog
         wait_for('node02 idle', lambda: 'State=IDLE' in fleet.node('node02'), timeout=60)
         later = fleet.sbatch('bob', 'node02', 3, 1024, hold=True)
         _gpus, _gpu, later_pid = fleet.workload(later)
         prolog = [x for x in fleet.log('node02', 'slurm_prolog') if x['job']['job'] == later]
-        assert len(prolog) == 1 and prolog[0]['rc'] == 0 and prolog[0]['blocking'] == [], prolog
-        assert sorted(k['pid'] for k in prolog[0]['killed']) == sorted([r] + fleet.entry('node02', r)['children']), prolog
-        assert all(k['why'].startswith('left over from job %s (%s)' % (case['b'], b_state)) for k in prolog[0]['killed']), prolog
-        assert fleet.ended('node02', r) and fleet.entry('node02', later_pid)['alive'] and fleet.drained('node02') is None
+        assert len(prolog) == 1 and prolog[0]['rc'] == 0 and prolog[0]['blocking'] == [] and prolog[0]['killed'] == [], prolog
+        assert fleet.entry('node02', later_pid)['alive'] and fleet.drained('node02') is None
         run(['scancel', later], env=fleet.slurm_env)
         # node03, without an epilog: the next prolog ends the leftover and the job runs
         case3 = _leftover_on_a_running_job(fleet, 'node03', 'node03')
@@ -352,7 +363,7 @@ def test_a_leftover_on_a_gpu_of_its_users_running_job_is_ended_and_no_node_is_dr
         prolog = [x for x in fleet.log('node03', 'slurm_prolog') if x['job']['job'] == nxt]
         assert len(prolog) == 1 and prolog[0]['rc'] == 0 and prolog[0]['drained'] is None and prolog[0]['blocking'] == [], prolog
         assert sorted(k['pid'] for k in prolog[0]['killed']) == sorted([case3['p']] + case3['p_kids']), prolog
-        assert all(k['why'].startswith('left over from job %s (COMPLETED)' % case3['a']) for k in prolog[0]['killed']), prolog
+        assert all(_why_is(k['why'], 'left over from job %s (COMPLETED)' % case3['a']) for k in prolog[0]['killed']), prolog
         assert prolog[0]['release'][str(case3['a_gpu'])]['released'], prolog
         shown = fleet.gpusim('node03')
         assert fleet.ended('node03', case3['p']) and shown['gpus'][case3['b_gpu']]['used_mib'] == 1024, shown['gpus']

@@ -24,8 +24,8 @@ def job(jid='7', uid=1001, start=T0, end=T0 + 600, gpus=(0,), state='COMPLETING'
     return S.Job(jid, uid=uid, state=state, start=start, end=end, gpus=None if gpus is None else list(gpus))
 
 
-def cand(pid, uid=1001, started=T0 + 10, cgroup_job=None, gpus=(0,)):
-    return S.Candidate(pid, starttime=pid * 10, uid=uid, started=started, cgroup_job=cgroup_job, gpus=gpus)
+def cand(pid, uid=1001, started=T0 + 10, cgroup_job=None, gpus=(0,), ppid=None):
+    return S.Candidate(pid, starttime=pid * 10, uid=uid, started=started, cgroup_job=cgroup_job, gpus=gpus, ppid=ppid)
 
 
 def split(result):
@@ -139,20 +139,36 @@ def test_a_leftover_on_a_gpu_of_the_users_later_running_job_is_still_the_ended_j
     assert split(S.job_claims(job(), [cand(50, gpus=(0, 1))], [unknown_gpus], listpids={}))[0] == [50]
 
 
-def test_what_another_active_job_could_own_is_spared_whatever_gpus_it_uses():
+def test_what_another_active_job_could_own_is_spared():
     sibling = job('9', uid=1001, start=T0 + 5, gpus=(1,), state='RUNNING')       # started before the process
     edge = job('9', uid=1001, start=T0 + 10.5, gpus=(1,), state='RUNNING')       # within the second of skew
     unknown_start = job('10', uid=1001, start=None, gpus=(1,), state='CONFIGURING')
-    roots = job('13', uid=0, start=T0 + 5, gpus=(3,), state='RUNNING')           # root may start a process as anyone
-    nobodys = job('14', uid=None, start=T0 + 5, gpus=(3,), state='RUNNING')      # an owner Slurm did not say
+    roots = job('13', uid=0, start=T0 + 5, gpus=(1,), state='RUNNING')           # root may start a process as anyone
+    nobodys = job('14', uid=None, start=T0 + 5, gpus=None, state='RUNNING')      # an owner and GPUs Slurm did not say
     cases = {sibling: "started after job 9 of the same user started, which is still RUNNING here, so it could be that job's",
              edge: "started after job 9 of the same user started, which is still RUNNING here, so it could be that job's",
              unknown_start: "job 10 of the same user is active here and its start is unknown, so it could be that job's",
              roots: "started after job 13 of root started, which is still RUNNING here, so it could be that job's",
              nobodys: "started after job 14 of an unknown user started, which is still RUNNING here, so it could be that job's"}
     for other, why in cases.items():
-        claimed, spared = split(S.job_claims(job(), [cand(51, gpus=(0,))], [other], listpids={}))   # only on job 7's GPU
+        claimed, spared = split(S.job_claims(job(), [cand(51, gpus={0, 1})], [other], listpids={}))   # on job 7's GPU and 9's
         assert claimed == [] and spared == {51: why}, other.to_dict()
+    # on none of the GPUs Slurm gave the other job, it is not that job's to keep, whenever it started
+    for other in (sibling, edge, unknown_start, roots):
+        claimed, spared = split(S.job_claims(job(), [cand(53, gpus={0})], [other], listpids={}))
+        assert claimed == [53] and spared == {}, other.to_dict()
+    assert split(S.job_claims(job(), [cand(54, gpus={0})], [job('9', start=T0 + 5, gpus=None, state='RUNNING')], listpids={})) == (
+        [], {54: "started after job 9 of the same user started, which is still RUNNING here, so it could be that job's"})
+    # a family is judged with the process it started from: the worker on job 7's GPU only stays with its spared parent
+    # (grandchildren too), the worker of a claimed parent goes with it even from another GPU; a worker of another uid's
+    # process, or one that its own cgroup or slurmstepd names, is judged on its own
+    family = [cand(61, gpus={0, 1}), cand(62, ppid=61), cand(63, ppid=62), cand(64, uid=0, gpus={0, 1}), cand(65, ppid=64),
+              cand(66, started=T0 + 2), cand(67, ppid=66, gpus={1}), cand(68, ppid=66, cgroup_job='9')]
+    claimed, spared = split(S.job_claims(job(), family, [sibling], listpids={}))
+    assert claimed == [65, 66, 67] and sorted(spared) == [61, 62, 63, 64, 68]
+    assert spared[62] == spared[63] == 'in the family of pid 61 (spared): ' + cases[sibling] and spared[68] == "in job 9's cgroup"
+    assert dict((c.pid, why) for c, why in S.job_claims(job(), family, [sibling], listpids={})[0])[67] == (
+        "in the family of pid 66 (claimed): uid 1001's process started 2 s into job 7, on its GPU 0")
     # slurmstepd listing it under the running job decides before any time
     claimed, spared = split(S.job_claims(job(), [cand(52, started=T0 + 10)], [job('9', start=T0 + 300, state='RUNNING')],
                                          listpids={52: '9'}))
@@ -242,7 +258,7 @@ def test_the_prolog_never_proves_stale_what_it_cannot():
     starting = job('5', uid=1002, start=T0 + 700, state='RUNNING')
     no_end = job('8', start=T0, end=None, state='COMPLETED')
     cases = [
-        ({'7': ended, '9': later, '5': starting}, cand(71, started=T0 + 150),   # after job 9 of the same user started
+        ({'7': ended, '9': later, '5': starting}, cand(71, started=T0 + 150, gpus={0, 1}),   # after job 9 started, on its GPU too
          "not provably left over from job 7: started after job 9 of the same user started, which is still RUNNING here, "
          "so it could be that job's"),
         ({'7': ended, '5': starting}, cand(72, uid=1002), None),                # bob's process inside alice's job
@@ -259,6 +275,14 @@ def test_the_prolog_never_proves_stale_what_it_cannot():
         expected = why or ('no root-owned cgroup or slurmstepd names its job, and it started inside no ended job of uid %d that '
                            'slurmctld still knows (it forgets a job MinJobAge after its end)' % candidate.uid)
         assert blocking[0][1] == expected, candidate.pid
+    # ... unless its parent could be job 9's: then it blocks with its parent
+    _own, stale, blocking = S.stale_claims(starting, [cand(68, started=T0 + 150, gpus={0, 1}), cand(69, started=T0 + 151, ppid=68)],
+                                           {'7': ended, '9': later, '5': starting}, {})
+    assert stale == [] and [(c.pid, why.startswith('in the family of pid 68 (blocking): not provably')) for c, why in blocking] == [
+        (68, False), (69, True)]
+    # on none of job 9's GPUs, it is no process of job 9's: stale
+    _own, stale, blocking = S.stale_claims(starting, [cand(70, started=T0 + 150)], {'7': ended, '9': later, '5': starting}, {})
+    assert [c.pid for c, _why in stale] == [70] and blocking == []
     # the starting job of the same user, whose start slurmctld did not say (built from slurmd's environment)
     from_env = S.Job('5', uid=1001, gpus=[0])
     _own, stale, blocking = S.stale_claims(from_env, [cand(78)], {'7': ended}, {})
