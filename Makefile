@@ -88,7 +88,7 @@ fleet-test: venv sim
 
 # The oldest claimed versions: ansible-core 2.17 on the controller, Python 3.8 on the nodes (own venvs).
 floor: venv collection
-	bash tests/floor/run
+	GPUFLEET_TEST_PYTHON=$(PY) bash tests/floor/run
 
 # ansible-lint resolves gpufleet.reclaim.* through the scratch collection tree.
 lint: venv collection
