@@ -425,12 +425,14 @@ def _kill_refusal(snapshot, proc, now_dev, event, pid, index):
     return None
 
 
-def _kill(step, dev, options, host, check_mode):
+def _kill(step, dev, options, host, check_mode, planned):
     """Terminate the pid an application Xid names, only when at this moment the driver lists that pid on that GPU,
     its name (comm) is the one the record gives and it started before the record (else another process has the
-    number); through reclaim: protected processes never, identity checked again before each signal."""
-    snapshot = host.snapshot(vendor=options.vendor, gather_processes=True)
+    number); through reclaim: protected processes never, identity checked again before each signal.  A pid the
+    driver did not list on that GPU in the ladder's own snapshot (``planned``) is refused from it: only a listed
+    one costs a new snapshot, so a flood of Xids naming other pids costs no driver reads."""
     pid = step.pid
+    snapshot = planned if pid not in dev.pids else host.snapshot(vendor=options.vendor, gather_processes=True)
     proc = snapshot.process(pid)
     now_dev = next((d for d in snapshot.all_devices if d.uuid == dev.uuid), None)
     refused = _kill_refusal(snapshot, proc, now_dev, step.event, pid, dev.index)
@@ -486,6 +488,7 @@ class Run(object):
         self.changed = False
         self.warnings = []
         self.errors = []
+        self.snapshot = None        # the snapshot the ladder was planned from
 
     def audit(self, record):
         if self.check_mode or not self.options.audit_path:
@@ -529,6 +532,7 @@ def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=Non
     if snapshot is None:
         snapshot = host.snapshot(vendor=options.vendor, gather_processes=True, xid_since=health_since(state, now))
     run.warnings.extend(snapshot.errors)
+    run.snapshot = snapshot
     current_boot = boot_id()
     flag, stale = load_reboot_flag(options.reboot_flag, current_boot)
     flag_removed = False
@@ -567,7 +571,7 @@ def _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons):
     escalate = None
     for step in list(ladder.steps):
         if step.name == 'kill_application':
-            run.changed |= _kill(step, dev, options, host, run.check_mode)
+            run.changed |= _kill(step, dev, options, host, run.check_mode, run.snapshot)
         elif step.name == 'reset':
             changed, escalate = _reset(step, dev, options, host, run.check_mode)
             run.changed |= changed

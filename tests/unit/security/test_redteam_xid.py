@@ -283,6 +283,40 @@ def test_a_genuine_application_xid_ends_only_the_process_the_driver_lists_by_tha
         assert all(status == 'skipped' for pid, (status, _d) in steps.items() if pid != faulted)
 
 
+class CountingHost(SimHost):
+    """The simulator's host, counting the snapshots (each a full read of the drivers and /proc); GPU 1 gets
+    ``xids`` as a snapshot gives them to it (by the keeping rule)."""
+
+    reads = 0
+    xids = ()
+
+    def snapshot(self, vendor='auto', gather_processes=True, xid_since=None):
+        self.reads += 1
+        snap = SimHost.snapshot(self, vendor, gather_processes, xid_since)
+        for event in self.xids:
+            snap.all_devices[1].add_xid_event(event)
+        return snap
+
+
+@needs_sim
+@needs_root
+def test_application_xids_naming_pids_the_driver_does_not_list_cost_no_driver_reads(monkeypatch):
+    """A user crashing her own kernels makes many genuine application Xids; only a pid the driver lists on that GPU
+    costs a new read before its kill, so the tick's work is bounded by the processes really on the GPU."""
+    with h.gpusim_node(gpus=2) as node:
+        monkeypatch.setenv(xid.KMSG_ENV, node.show()['kmsg_path'])
+        listed = node.spawn(gpu=1, mib=1024, argv=('python3', 'train.py'))
+        bus = pci(node.show()['gpus'][1])
+        events = [xid.make_event(13, 'kmsg', time_s=time.time(), pid=500000 + n, name='python3', pci_bus_id=bus) for n in range(40)]
+        events.append(xid.make_event(43, 'kmsg', time_s=time.time(), pid=listed, name='python3', pci_bus_id=bus))
+        host = CountingHost(node)
+        host.xids = events
+        result = rem.remediate(rem.RemediateOptions(reboot_flag=None, state_path=None), host, check_mode=True, scheduler=None)
+        steps = [(step['pid'], step['status']) for step in result['gpus'][1]['ladder']]
+        assert (listed, 'would_run') in steps and len(steps) == 12 and host.reads == 2, (steps, host.reads)
+        assert all(status == 'done' for pid, status in steps if pid != listed) and node.alive(listed)
+
+
 # ---------------------------------------------------------------------------- no flood hides a fault
 MILD = [(45, None), (92, None), (43, 'pid'), (13, 'pid'), (31, 'pid'), (121, None), (9999, None)]
 
