@@ -260,8 +260,11 @@ ansible_facts:
               sample: [12345]
             xid_events:
               description:
-                - The GPU's most recent Xid errors (at most 32, oldest first) from the kernel log (C(/dev/kmsg), needs root)
-                  and from the driver's event API; V(null) when neither could be read. See the collection's docs/health.md.
+                - The GPU's Xid errors (oldest first) from the kernel log (C(/dev/kmsg), needs root) and from the driver's
+                  event API; V(null) when neither could be read. Only the driver's own records count (the kernel's facility,
+                  the driver's exact prefix, a GPU of this node). At most 32 are kept - per remediation class the newest
+                  (reboot 4, drain 4, reset 8, kill_app 12, none 4), so milder events never push out a severe one. See the
+                  collection's docs/health.md.
                 - Each has C(time) (epoch seconds), C(code), C(pid) and C(name) (the process the kernel line names, else
                   V(null)), C(pci_bus_id), C(message), C(source) (V(kmsg) or V(nvml)), C(fault) (V(application), V(gpu),
                   V(driver), V(system) or V(unknown)) and C(action) (V(none), V(kill_app), V(reset), V(drain) or V(reboot)).

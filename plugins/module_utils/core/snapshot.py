@@ -275,9 +275,10 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
 
 
 def _read_xid_log(devices, kmsg_path=None, memo=None):
-    """Add the kernel log's Xid lines to the devices they name (those of the vendors whose backend says
-    ``xid_log``: NVIDIA); returns why the log could not be read (their ``xid_events`` then stay as the
-    driver left them: None when it could not tell either).  ``memo``: xid.read_journal's, kept by the guard."""
+    """Add the kernel's Xid records (xid.read_kmsg: only what the driver wrote) to the devices they name (those of the
+    vendors whose backend says ``xid_log``: NVIDIA; a record of another PCI address changes nothing); returns why the
+    log could not be read (their ``xid_events`` then stay as the driver left them: None when it could not tell
+    either).  ``memo``: xid.read_journal's, kept by the guard."""
     logged = [dev for dev in devices if vendor_backend(dev.vendor).xid_log]
     if not logged:
         return None
