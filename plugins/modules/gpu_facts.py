@@ -401,11 +401,26 @@ ansible_facts:
           returned: always
           type: dict
           sample: null
+        holders_incomplete:
+          description:
+            - V(null) when the holder scan read the open files of every process (that it may read); else what its bound
+              left. The scan reads at most 131,072 descriptors and starts no process after 3 s, so that descriptors users
+              open (any user can hold millions) cannot make it run on; the driver's processes are read first, then
+              the others, the largest fd tables left first. A GPU device file held by a process it left is not in
+              RV(ansible_facts.gpu.holders).
+            - C(reason) (C(descriptors) or C(time)), C(processes) (how many were left), C(descriptors) (their open files
+              in all, where known), C(largest) (the largest ten, each C(pid), C(fds), C(user)), C(read) (descriptors
+              read), C(limit) and C(seconds) (the bounds).
+          returned: always
+          type: dict
+          sample: {reason: descriptors, processes: 50, descriptors: 999500, read: 61234, limit: 131072, seconds: 3.0,
+                   largest: [{pid: 4242, fds: 19990, user: mallory}]}
         holders:
           description:
             - Processes that hold a GPU device file (C(/dev/nvidia*), C(/dev/dri/*), C(/dev/kfd)) open but are not listed
               by the driver, for example forked workers that inherited a CUDA context, or monitoring daemons.
             - Only processes whose open files can be read are seen; run as root to see everyone's.
+            - Within the holder scan's bound; RV(ansible_facts.gpu.holders_incomplete) says what it left.
             - Empty when O(gather_processes=false).
           returned: always
           type: list
