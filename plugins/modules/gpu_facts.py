@@ -408,12 +408,12 @@ ansible_facts:
               open (any user can hold millions) cannot make it run on; the driver's processes are read first, then
               the others, the largest fd tables left first. A GPU device file held by a process it left is not in
               RV(ansible_facts.gpu.holders).
-            - C(reason) (C(descriptors) or C(time)), C(processes) (how many were left), C(descriptors) (their open files
+            - C(reason) (C(descriptors), C(large tables) or C(time)), C(processes) (how many were left), C(descriptors) (their open files
               in all, where known), C(largest) (the largest ten, each C(pid), C(fds), C(user)), C(read) (descriptors
               read), C(limit) and C(seconds) (the bounds).
           returned: always
           type: dict
-          sample: {reason: descriptors, processes: 50, descriptors: 999500, read: 61234, limit: 131072, seconds: 3.0,
+          sample: {reason: large tables, processes: 50, descriptors: 999500, read: 612, limit: 131072, seconds: 3.0,
                    largest: [{pid: 4242, fds: 19990, user: mallory}]}
         holders:
           description:

@@ -66,7 +66,7 @@ class FdBudget(object):
         self.ordinary = 0        # descriptors of tables of at most ORDINARY_TABLE (the priority pids' are not booked)
         self.large = 0           # descriptors of larger tables
         self.unread = {}         # pid -> number of fds (None: unknown) of a process not read, or read in part
-        self.reason = None       # 'descriptors' or 'time': why the first process was left
+        self.reason = None       # 'descriptors', 'large tables' or 'time': why the first process was left
 
     @property
     def used(self):
@@ -91,7 +91,7 @@ class FdBudget(object):
         if left <= 0 or (not priority and count is not None and count > left):
             return self._no('descriptors')
         if not priority and count is not None and count > ORDINARY_TABLE and self.large + count > max(LARGE_FLOOR, self.ordinary):
-            return self._no('descriptors')
+            return self._no('large tables')
         return left
 
     def _no(self, reason):
@@ -123,7 +123,9 @@ class FdBudget(object):
 
 def incomplete_text(found):
     """One sentence on what a walk's bound left (FdBudget.incomplete(), ``user`` added where known)."""
-    bound = 'its bound of %d descriptors' % found['limit'] if found['reason'] == 'descriptors' else 'its time bound (%s s)' % found['seconds']
+    bound = {'descriptors': 'its bound of %s descriptors' % found['limit'], 'time': 'its time bound (%s s)' % found['seconds'],
+             'large tables': 'its share for fd tables of more than %d (%d descriptors, or what the smaller ones cost)' % (
+                 ORDINARY_TABLE, LARGE_FLOOR)}.get(found['reason'], found['reason'])
     largest = ', '.join('pid %d (%s, %s fds)' % (e['pid'], e.get('user') or 'user unknown', 'unknown' if e['fds'] is None else e['fds'])
                         for e in found['largest'][:3])
     return ('the open files of %d process(es) were not read (%s ran out; the largest fd tables are left first), so a GPU '

@@ -193,7 +193,7 @@ def test_a_descriptor_flood_is_left_unread_and_reported_and_small_holders_are_st
     assert {flood['job'], flood['server'], flood['collision']} <= set(listed)
     incomplete = facts['holders_incomplete']
     left = set(entry['pid'] for entry in incomplete['largest'])
-    assert incomplete['reason'] == 'descriptors' and incomplete['limit'] == fdwalk.DESCRIPTORS
+    assert incomplete['reason'] == 'large tables' and incomplete['limit'] == fdwalk.DESCRIPTORS
     assert incomplete['processes'] == len(flood['floods']) + 1 and left == set(flood['floods']) | {flood['hidden']}
     assert all(entry['user'] == 'alice' and entry['fds'] >= flood['per'] for entry in incomplete['largest'])
     # the counted work: the driver's two huge tables (read first, in full) and the small ones; no flood table
