@@ -278,7 +278,8 @@ def goals(result):
 def markdown(result):
     machine = result['machine']
     lines = ['Run of %s: %s, %s CPUs, %s GiB RAM (%.1f GiB available at the start), %s, Linux %s, Python %s; load average '
-             '(1 min) %.1f at the start and %.1f at the end (the machine was shared with other jobs)%s. %d GPU workloads on '
+             '(1 min) %.1f at the start and %.1f at the end (the machine was shared with other jobs; the end follows the '
+             'teardown of the idle processes)%s. %d GPU workloads on '
              '8 simulated GPUs; %d repetition(s) per command and load, commands interleaved; a load process holds %d '
              'descriptors of /dev/null (the hard RLIMIT_NOFILE here: %s).' % (
                  machine['date'], machine['cpu'], machine['cores'], machine['mem_gib'], machine.get('mem_available_gib') or 0,
@@ -286,7 +287,7 @@ def markdown(result):
                  ', in a PID namespace of its own' if result['isolated'] else '', result['gpu_procs'], result['reps'],
                  result['per_process'], result['nofile_hard']), '']
     head = ('load', 'held (processes / descriptors)', 'tree', 'command', 'wall s', 'ratio to unloaded', 'CPU s', 'ratio (CPU)',
-            'left unread (processes)', 'descriptors read')
+            'left unread (processes)', 'descriptors read', 'machine load (1 min)')
     rows = []
     for row in result['rows']:
         for label in result['checkouts']:
@@ -296,7 +297,8 @@ def markdown(result):
                     continue
                 rows.append((row['name'], '%d / %d' % (row['processes'], row['descriptors']), label, command,
                              common.fmt(fig['wall_s'], digits=2), _ratio(fig.get('ratio_wall')), common.fmt(fig['cpu_s'], digits=2),
-                             _ratio(fig.get('ratio_cpu')), fig['unread'], fig['read'] if fig['read'] is not None else 'all'))
+                             _ratio(fig.get('ratio_cpu')), fig['unread'], fig['read'] if fig['read'] is not None else 'all',
+                             '%.1f' % row['load1'] if row.get('load1') is not None else '-'))
     lines.append(common.md_table(head, rows))
     lines.append('')
     lines.append('"left unread": the processes whose open files the holder scan did not read (it reports them in '

@@ -5,10 +5,11 @@
 # This file is part of the PRIVATE core of the gpufleet.reclaim collection. It can change at any time.
 """The host side of a snapshot: who the GPU pids are, and who else holds GPU device files.
 
-One ``ProcessInventory.scan()`` walks the process table once: it lists ``<proc_root>`` and reads
-every process's ``fd`` links (the ``fuser /dev/nvidia*`` scan; other users' fds need root or
-CAP_SYS_PTRACE, and processes vanish mid-scan), then reads owner, command line, state and cgroup
-(container, Kubernetes pod, Slurm job) for the pids the driver listed and for the fd holders.
+One ``ProcessInventory.scan()`` walks the process table once: it reads the ``fd`` links of the pids
+the driver listed, then of every other process (the ``fuser /dev/nvidia*`` scan; other users' fds need
+root or CAP_SYS_PTRACE, and processes vanish mid-scan), under one bound whatever users hold
+(core/fdwalk.py: what it left is the result's ``incomplete``), then reads owner, command line, state
+and cgroup (container, Kubernetes pod, Slurm job) for the pids the driver listed and for the fd holders.
 Records come from the /proc files directly, each read once (psutil read most of them a second time
 and cost more than NVML itself; ``use_psutil=True`` still selects it).
 
