@@ -306,8 +306,8 @@ def markdown(result):
                  'The tick reads no process\'s open files but those it is about to signal, so no load moves it.')
     lines.append('')
     if result.get('goals'):
-        lines.append(common.md_table(('goal', 'met', 'figure'), [(g['goal'], {True: 'yes', False: '**no**', None: 'n/a'}[g['met']], g['figure'])
-                                                             for g in result['goals']]))
+        met = {True: 'yes', False: '**no**', None: 'n/a'}
+        lines.append(common.md_table(('goal', 'met', 'figure'), [(g['goal'], met[g['met']], g['figure']) for g in result['goals']]))
         lines.append('')
     return '\n'.join(lines)
 

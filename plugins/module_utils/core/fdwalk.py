@@ -183,8 +183,7 @@ def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False, budge
         else:
             found = (_walk_one(proc_fd, proc_root, entry, None, budget, priority, until) for entry in sorted(entries, key=int))
         found = (item for item in found if item is not None)
-        for item in sorted(found, key=_first) if ordered else found:
-            yield item
+        yield from (sorted(found, key=_first) if ordered else found)
     finally:
         os.close(proc_fd)
 

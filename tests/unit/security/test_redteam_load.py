@@ -131,7 +131,7 @@ def scenario_descriptor_flood(node):
     holders = Holders()
     try:
         per = table_size()
-        floods = [holders.start(per, user='alice') for _ in range(fdwalk.DESCRIPTORS // per + 2)]
+        floods = [holders.start(per, user='alice') for _flood in range(fdwalk.DESCRIPTORS // per + 2)]
         hidden = holders.start(per, os.path.join(node.sim.dev, 'nvidia1'), user='alice')
         small = holders.start(8, os.path.join(node.sim.dev, 'nvidia1'), user='bob')
         job = node.spawn('carol', gpu=0, mib=2 * redteam.GIB)
@@ -245,10 +245,10 @@ def scenario_many_processes(node):
     holders = Holders()
     idle = []
     try:
-        for _ in range(300):
+        for _idle in range(300):
             idle.append(subprocess.Popen(['sleep', '600'], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL))
-        large = [holders.start(3 * fdwalk.ORDINARY_TABLE) for _ in range(3)]
+        large = [holders.start(3 * fdwalk.ORDINARY_TABLE) for _large in range(3)]
         with open(os.path.join(node.sim.dev, 'nvidia0')) as device:
             small = subprocess.Popen(['sleep', '600'], stdin=device, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         idle.append(small)
@@ -425,7 +425,7 @@ def test_a_process_opening_and_closing_descriptors_during_the_walk(children, dev
 
 def test_the_time_bound_leaves_the_rest_and_says_so(children, dev):
     """The deadline of a walk (a clock seam: no wall-clock assertion) leaves every process not started yet."""
-    pids = [children.start(8) for _ in range(3)]
+    pids = [children.start(8) for _child in range(3)]
     ticks = iter(range(1000))
     budget = fdwalk.FdBudget(descriptors=None, seconds=1.5, clock=lambda: next(ticks))
     list(fdwalk.walk_fd_links('/proc', pids, budget=budget))
