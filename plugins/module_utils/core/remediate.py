@@ -477,6 +477,7 @@ def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=Non
     now = time.time() if now is None else now
     host = host or Host()
     run = Run(options, host, check_mode)
+    run.warnings.extend(host.tool_notes)
     state, problem = load_ladder_state(options)
     if problem:
         run.warnings.append(problem)

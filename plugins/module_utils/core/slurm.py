@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 
 from .errors import GpuFleetError
+from .safe_files import find_program
 
 SLURM_TIMEOUT_S = 10.0
 MAX_OUTPUT_BYTES = 64 * 1024 * 1024
@@ -182,9 +182,10 @@ def node_name(environ=None):
 class SlurmClient(object):
     """Asks Slurm through its commands, each with a deadline; answers are cached for the life of the client (one
     tick, one prolog or epilog).  ``env``: the environment of the commands (default: this process's, which carries
-    ``SLURM_CONF`` where a site sets it).  ``runner`` is subprocess.run (a seam for the argv, never a fake Slurm)."""
+    ``SLURM_CONF`` where a site sets it).  ``runner`` is subprocess.run (a seam for the argv, never a fake Slurm);
+    ``which`` (name -> path or None) finds the commands (default safe_files.find_program: as root, never a planted one)."""
 
-    def __init__(self, timeout=SLURM_TIMEOUT_S, env=None, runner=subprocess.run, which=shutil.which):
+    def __init__(self, timeout=SLURM_TIMEOUT_S, env=None, runner=subprocess.run, which=None):
         self.timeout = timeout
         self.env = env
         self.runner = runner
@@ -193,9 +194,10 @@ class SlurmClient(object):
 
     def run(self, argv):
         """The standard output of ``argv`` (text); SlurmError naming the command and why it failed."""
-        path = self.which(argv[0])
+        refused = []
+        path = self.which(argv[0]) if self.which is not None else find_program(argv[0], refused=refused)
         if path is None:
-            raise SlurmError('%s is not installed (or not on PATH)' % argv[0])
+            raise SlurmError('; '.join(refused) or '%s is not installed (or not on PATH)' % argv[0])
         try:
             proc = self.runner([path] + list(argv[1:]), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                timeout=self.timeout, env=self.env, check=False, close_fds=True)

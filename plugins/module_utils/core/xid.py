@@ -31,6 +31,7 @@ import re
 import time
 
 from .model import XidEvent
+from .safe_files import find_program
 from .text import printable
 
 KMSG_PATH = '/dev/kmsg'
@@ -233,7 +234,7 @@ def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT, memo=None, boot_id=No
     are read (``--after-cursor``) and the events are the memo's plus the new ones; the full read instead when there
     is no memo (first tick), the cursor is another boot's, journalctl rejects it (rotated journal), or JOURNAL_ENTRIES
     new entries came (more may wait: the newest ones are read, as without a memo)."""
-    journalctl = journalctl or importlib.import_module('shutil').which('journalctl')
+    journalctl = journalctl or find_program('journalctl')
     if not journalctl:
         return None, 'no journalctl to read the kernel messages from the journal'
     boot = current_boot_id() if boot_id is None else boot_id
