@@ -185,6 +185,7 @@ def test_a_descriptor_flood_is_left_unread_and_reported_and_small_holders_are_st
     she hid at the end of a huge table), and says so in holders_incomplete, naming her processes."""
     rc, result, signalled, err = flood['facts']
     assert rc == 0 and signalled == [], err
+    assert 'were not read' in json.dumps(result['warnings'])
     facts = result['ansible_facts']['gpu']
     holders = dict((holder['pid'], holder) for holder in facts['holders'])
     assert flood['small'] in holders and holders[flood['small']]['devices'][0].endswith('/nvidia1')
