@@ -10,10 +10,11 @@ epilog: the processes left on the ending job's GPUs that are the job's (slurm.jo
 after a grace (killer.terminate: pidfd, identity checked again); then the driver must show their memory free within
 ``release_timeout``, else the node is drained with ``gpufleet: GPU N holds X MiB after job J``.
 
-prolog: on the starting job's GPUs, every process that is not the job's is either provably stale (its root-owned
-cgroup names a job Slurm says has ended: killed, its memory checked) or blocking; blocking processes, memory no
-process accounts for, or memory not released make the prolog drain the node (``gpufleet: GPU N holds X MiB (pids
-...) before job J``) and exit 1, so Slurm requeues the job.
+prolog: on the starting job's GPUs, every process that is not the job's is either provably stale (slurm.stale_claims:
+its root-owned cgroup names a job Slurm says has ended, or, without one, the lifetime rule proves it a leftover of an
+ended job: killed, identity checked again, its memory checked, and the job proceeds) or blocking; blocking processes,
+memory no process accounts for, or memory not released make the prolog drain the node (``gpufleet: GPU N holds X MiB
+(pids ...) before job J``) and exit 1, so Slurm requeues the job.
 
 Exit codes: 0 done (the epilog also when it drained the node itself); 1 Slurm should act (prolog refused; epilog
 could not do its work or could not drain): a failing prolog or epilog makes slurmd drain the node, and a failing
@@ -318,7 +319,7 @@ def prolog(options, environ=None, client=None, snapshot_fn=take_snapshot):
     gpus = set(job.gpus or ())
     run.out['gpus'] = sorted(gpus)
     on_gpus = [c for c in candidates(snapshot) if c.gpus & gpus]
-    _own, stale, blocking = stale_claims(job.id, on_gpus, jobs, listpids)
+    _own, stale, blocking = stale_claims(job, on_gpus, jobs, listpids)
     run.out['blocking'] = [_entry(c, why) for c, why in blocking]
     victims = _signal(stale, run)
     ghost_pids = ghosts(snapshot, gpus)
