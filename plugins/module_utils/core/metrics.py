@@ -156,6 +156,8 @@ def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=N
     out.add('gpufleet_guard_last_tick_timestamp_seconds', 'gauge', 'When the last tick ran (Unix time)', tick.get('time'))
     out.add('gpufleet_guard_tick_duration_seconds', 'gauge', 'Wall-clock duration of the last tick', tick.get('duration'))
     out.add('gpufleet_guard_tick_cpu_seconds', 'gauge', 'CPU time of the last tick', tick.get('cpu'))
+    out.add('gpufleet_guard_unchecked_processes', 'gauge', 'Processes the last tick did not signal because the check of '
+            'their open files ran out of its bound (more than one tick reads)', tick.get('unchecked') or 0)
     out.add('gpufleet_guard_policy_valid', 'gauge', '1 when the policy file was valid at the last tick', bool(policy_valid))
     out.add('gpufleet_guard_enabled', 'gauge', '1 when the policy is enabled', bool(enabled))
     out.add('gpufleet_guard_untrusted_input', 'gauge', UNTRUSTED_HELP, bool(untrusted))

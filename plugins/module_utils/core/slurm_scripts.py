@@ -256,7 +256,9 @@ class _Run(object):
                 ('processes_blocking', 'Processes not of the job that made the last %s refuse', len(out['blocking'])),
                 ('unreleased_mib', 'GPU memory (MiB) not released in time in the last %s', sum(u['mib'] or 0 for u in out['unreleased'])),
                 ('release_seconds', 'Seconds until the memory of the processes the last %s ended was free', max(seconds) if seconds else 0),
-                ('drained', '1 when the last %s drained the node', 1 if out['drained'] else 0)):
+                ('drained', '1 when the last %s drained the node', 1 if out['drained'] else 0),
+                ('holders_unread', 'Processes whose open files the last %s did not read (the holder scan\'s bound)',
+                 (out.get('holders_incomplete') or {}).get('processes', 0))):
             found.add(prefix + name, 'gauge', text % self.script, value, {'node': self.node})
         try:
             safe_files.write_atomic(self.options.metrics, found.render(), mode=0o644, dir_mode=0o755, strict=False)
@@ -274,6 +276,7 @@ def _begin(script, options, environ, client, snapshot_fn):
     snapshot = snapshot_fn(vendor=run.options.vendor, gather_processes=True, scan_holders=True,
                            driver_timeout=run.options.driver_timeout)
     run.warnings.extend(snapshot.errors)
+    run.out['holders_incomplete'] = snapshot.holders_incomplete   # the holder scan's bound (fdwalk.py): never a drain by itself
     return run, jobs, listpids, snapshot, _on_host(run.job(jobs), snapshot)
 
 
