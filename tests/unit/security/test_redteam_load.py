@@ -473,4 +473,8 @@ def test_a_snapshot_reads_the_listed_pids_first_and_reports_the_rest(children, d
     result = inventory.scan([listed])
     assert result.record(listed).device_paths == [os.path.join(dev, 'nvidia0')]
     left = dict((entry['pid'], entry) for entry in result.incomplete['largest'])
-    assert flood in left and left[flood]['fds'] == per and left[flood]['user'] == 'root'
+    assert flood not in result.readable and result.incomplete['processes'] >= 1
+    if flood in left:
+        assert left[flood]['fds'] == per and left[flood]['user'] == 'root'
+    else:   # the host's /proc: larger tables of other tests running beside this one are named first, as they should be
+        assert len(left) == fdwalk.REPORTED and all(entry['fds'] >= per for entry in left.values()), left
