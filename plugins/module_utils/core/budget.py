@@ -21,6 +21,7 @@ for the step stays unhandled, so the step comes back once the window has room, a
 from __future__ import annotations
 
 from . import disruption
+from .constants import DISRUPTION_KEEP_S
 from .errors import InvalidArgument
 from .units import human_duration, is_number, parse_duration
 
@@ -42,9 +43,9 @@ class Budget(object):
         if isinstance(max_resets, bool) or not isinstance(max_resets, int) or not 0 <= max_resets <= MAX_RESETS_LIMIT:
             raise InvalidArgument(fields[0], max_resets, 'expected a whole number from 0 to %d' % MAX_RESETS_LIMIT)
         seconds = parse_duration(window, fields[1])
-        if not 0 < seconds <= disruption.KEEP_S:
+        if not 0 < seconds <= DISRUPTION_KEEP_S:
             raise InvalidArgument(fields[1], window, 'expected more than 0 and at most %s (the history a node keeps)'
-                                  % human_duration(disruption.KEEP_S))
+                                  % human_duration(DISRUPTION_KEEP_S))
         if max_drained_pct is not None and (not is_number(max_drained_pct) or not 0 <= max_drained_pct <= 100):
             raise InvalidArgument(fields[2], max_drained_pct, 'expected a percentage from 0 to 100')
         self.max_resets = max_resets

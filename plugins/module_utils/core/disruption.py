@@ -10,7 +10,7 @@ node's disruption as the fleet-level limit reads it.
 A disruptive action is a GPU reset, a drain, a reboot flag or the stop of a node service.  Each one gpufleet takes
 is appended to ``disruptions`` in the remediation ladder's state file (``/var/lib/gpufleet/remediation.json``), by
 the ladder (gpu_remediate, the guard's ``remediation`` section) and by gpu_reset: ``{'action', 'gpu', 'time',
-'by', 'detail'}``, kept for ``KEEP_S`` and at most ``MAX_ENTRIES``.  Writers serialise on a lock file next to the
+'by', 'detail'}``, kept for ``DISRUPTION_KEEP_S`` and at most ``MAX_ENTRIES``.  Writers serialise on a lock file next to the
 state and merge what another writer appended meanwhile (``merged``), so a guard tick and a playbook's reset never
 lose each other's records.
 
@@ -29,12 +29,10 @@ import os
 import time
 
 from . import safe_files
-from .constants import REBOOT_FLAG_PATH, REMEDIATION_STATE_PATH
+from .constants import DISRUPTION_KEEP_S, DISRUPTIVE_ACTIONS, REBOOT_FLAG_PATH, REMEDIATION_STATE_PATH
 from .text import printable
 from .xid import read_boot_id
 
-ACTIONS = ('reboot_flag', 'drain', 'reset', 'stop_service')   # the disruptive actions, worst first
-KEEP_S = 7 * 86400.0          # the history a node keeps: the longest window a limit may look back over
 MAX_ENTRIES = 1000
 SHOWN_ENTRIES = 50            # the newest ones a node reports
 STATE_LIMIT = 4 * 1024 * 1024
@@ -64,7 +62,7 @@ def valid_entries(entries):
     """The well-formed history entries of ``entries`` (anything else in the file is dropped, never trusted)."""
     out = []
     for entry in entries if isinstance(entries, list) else ():
-        if isinstance(entry, dict) and entry.get('action') in ACTIONS and _number(entry.get('time')):
+        if isinstance(entry, dict) and entry.get('action') in DISRUPTIVE_ACTIONS and _number(entry.get('time')):
             gpu = entry.get('gpu')
             out.append({'action': entry['action'], 'gpu': gpu if isinstance(gpu, str) else None, 'time': float(entry['time']),
                         'by': entry.get('by') if isinstance(entry.get('by'), str) else None,
@@ -78,11 +76,11 @@ def entry(action, now, gpu=None, by=None, detail=None):
 
 
 def prune(entries, now):
-    """``entries`` newer than KEEP_S, oldest first, at most MAX_ENTRIES, each once."""
+    """``entries`` newer than DISRUPTION_KEEP_S, oldest first, at most MAX_ENTRIES, each once."""
     seen, out = set(), []
     for item in sorted(valid_entries(entries), key=lambda e: (e['time'], e['action'], e['gpu'] or '')):
         key = (item['action'], item['gpu'], item['time'])
-        if item['time'] > now - KEEP_S and key not in seen:
+        if item['time'] > now - DISRUPTION_KEEP_S and key not in seen:
             seen.add(key)
             out.append(item)
     return out[-MAX_ENTRIES:]

@@ -12,8 +12,7 @@ from __future__ import annotations
 import re
 
 from .. import notify as notify_mod
-from ..constants import REBOOT_FLAG_PATH, ROGUE_LEVELS
-from ..disruption import KEEP_S
+from ..constants import DISRUPTION_KEEP_S, REBOOT_FLAG_PATH, ROGUE_LEVELS
 from .validation import _join, _only
 from .values import (
     ACTION_TERMINATE, ACTION_WARN, _NAME, _abs_path, _action, _bool, _command, _count, _dict, _duration, _list, _pct, _regex, _section)
@@ -235,7 +234,7 @@ def _budget(value, path, out, errors):
         out.max_resets = count
     if 'window' in value:
         window = errors.run(_duration, value['window'], _join(path, 'window'))
-        if window is not None and not 0 < window <= KEEP_S:
+        if window is not None and not 0 < window <= DISRUPTION_KEEP_S:
             errors.add(_join(path, 'window'), value['window'], 'expected more than 0 and at most 7d (the history a node keeps)')
         out.window = window
     if 'max_drained_pct' in value:
