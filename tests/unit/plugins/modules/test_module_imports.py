@@ -30,7 +30,8 @@ ROGUE = {'core.rogue', 'core.rogue.checks', 'core.rogue.config', 'core.rogue.det
 AT_MOST = {
     'gpu_facts': SNAPSHOT,
     # the selection, the killer and the audit log; the rogue detector (rogue=true is the fleet's common call)
-    'gpu_kill': SNAPSHOT | ROGUE | {'core.reclaim', 'core.select', 'core.killer', 'core.audit_log'},
+    # and the one kill order of max_kills (core.blast: pure, the fleet limit's; issue #30)
+    'gpu_kill': SNAPSHOT | ROGUE | {'core.reclaim', 'core.select', 'core.killer', 'core.audit_log', 'core.blast'},
     'gpu_audit': SNAPSHOT | ROGUE,
 }
 # imported only by the calls that use them
