@@ -125,3 +125,22 @@ def disruptive_actions(gpus):
             if services:
                 out.append(dict(_evidence(gpu), action='stop_service', gpu=gpu.get('index'), why=', '.join(services)))
     return out
+
+
+def reset_disruptions(result, now):
+    """gpu_reset's side of the history and of the fleet limit: (the disruptive actions of its ``result``, taken or in
+    check mode predicted; the history entries of the resets it ran and the services it stopped)."""
+    planned, entries = [], []
+    stopped = (result.get('services') or {}).get('stopped') or []
+    for item in result.get('resets') or ():
+        key = item.get('uuid') or item.get('pci_bus_id') or 'index:%s' % item.get('index')
+        if item.get('status') in ('reset', 'would_reset'):
+            planned.append({'action': 'reset', 'gpu': item.get('index'), 'why': '; '.join(item.get('selected_because') or ()),
+                            'severity': 0, 'since': None})
+        if item.get('status') in ('reset', 'failed'):   # a failed reset may have disturbed the GPU too: counted
+            entries.append(disruption.entry('reset', now, gpu=key, by='gpu_reset', detail=item.get('status')))
+    requested = (result.get('services') or {}).get('requested') or []
+    if planned and requested:
+        planned.append({'action': 'stop_service', 'gpu': None, 'why': ', '.join(requested), 'severity': 0, 'since': None})
+    entries.extend(disruption.entry('stop_service', now, detail=str(unit), by='gpu_reset') for unit in stopped)
+    return planned, entries

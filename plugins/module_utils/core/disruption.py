@@ -29,6 +29,7 @@ import os
 import time
 
 from . import safe_files
+from .processes import scheduler_daemon
 from .constants import DISRUPTION_KEEP_S, DISRUPTIVE_ACTIONS, REBOOT_FLAG_PATH, REMEDIATION_STATE_PATH
 from .text import printable
 from .xid import read_boot_id
@@ -165,12 +166,13 @@ def _slurm_view(node_name, client):
     return {'node': name, 'state': 'drained', 'reason': mine[0].reason, 'since': mine[0].reason_time}, None
 
 
-def node_disruption(state_path=REMEDIATION_STATE_PATH, reboot_flag=REBOOT_FLAG_PATH, now=None, scheduler=None,
+def node_disruption(state_path=REMEDIATION_STATE_PATH, reboot_flag=REBOOT_FLAG_PATH, now=None, scheduler='auto',
                     node_name=None, client=None):
     """What gpufleet did to this node lately, for the fleet-level limit (see the module docstring):
     ``{'drained', 'reboot_flag', 'scheduler', 'actions', 'errors'}``.  ``actions`` are the newest SHOWN_ENTRIES
-    of the history, each with ``ago_s`` (this node's clock).  ``scheduler`` ('slurmd' where a root-vouched slurmd
-    runs, else None) and ``client`` (a slurm.SlurmClient) are seams; the scheduler is read only with slurmd."""
+    of the history, each with ``ago_s`` (this node's clock).  ``scheduler``: 'slurmd' where a root-vouched slurmd
+    runs, else None; 'auto' reads it (processes.scheduler_daemon).  Slurm is asked only with slurmd; ``client`` (a
+    slurm.SlurmClient) is a seam."""
     now = time.time() if now is None else now
     errors = []
     state, problem = read_json(state_path, STATE_LIMIT)
@@ -182,6 +184,8 @@ def node_disruption(state_path=REMEDIATION_STATE_PATH, reboot_flag=REBOOT_FLAG_P
                    'ago_s': round(now - drained['time'], 1) if _number(drained.get('time')) else None}
     flag = _flag(reboot_flag) if reboot_flag else None
     view = None
+    if scheduler == 'auto':
+        scheduler = scheduler_daemon()
     if scheduler == 'slurmd':
         view, problem = _slurm_view(node_name, client)
         if problem:
