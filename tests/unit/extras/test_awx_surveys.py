@@ -21,7 +21,7 @@ import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..'))
 AWX = os.path.join(ROOT, 'extras', 'awx')
-PLAYBOOKS = ['inventory_report', 'rogue_cleanup', 'reclaim_idle', 'reset_unhealthy', 'guard_deploy', 'audit']
+PLAYBOOKS = ['inventory_report', 'rogue_cleanup', 'reclaim_idle', 'reset_unhealthy', 'remediate', 'guard_deploy', 'audit']
 TYPES = ('text', 'textarea', 'password', 'integer', 'float', 'multiplechoice', 'multiselect')
 VARIABLE_RE = re.compile(r'^[a-z_][a-z0-9_]*$')
 
@@ -125,8 +125,9 @@ def test_confirmations_default_to_false_and_are_read_as_booleans(name):
     for question in survey(name)['spec']:
         variable = question['variable']
         if question['type'] == 'multiplechoice' and set(question['choices']) == {'true', 'false'}:
-            # every use goes through | bool, so the survey's string "false" is false
-            uses = re.findall(r'\b%s\b(?!=)[^}\n]*' % re.escape(variable), text)
+            # every use goes through | bool, so the survey's string "false" is false (a module option of the same
+            # name, `kill_application_xids: "{{ ... }}"`, is no use of the variable)
+            uses = re.findall(r'\b%s\b(?![=:])[^}\n]*' % re.escape(variable), text)
             assert uses, variable
             for use in uses:
                 assert re.match(r'%s\s*\|\s*default\([^)]*\)\s*\|\s*bool' % re.escape(variable), use), \
@@ -137,7 +138,7 @@ def test_confirmations_default_to_false_and_are_read_as_booleans(name):
 
 
 def test_destructive_playbooks_ask_for_confirmation():
-    for name in ('rogue_cleanup', 'reclaim_idle', 'reset_unhealthy'):
+    for name in ('rogue_cleanup', 'reclaim_idle', 'reset_unhealthy', 'remediate'):
         variables = [q['variable'] for q in survey(name)['spec']]
         assert 'reclaim_confirm' in variables, name
         assert 'check_mode: "{{ ansible_check_mode or not gpufleet_confirmed }}"' in playbook_text(name), name
