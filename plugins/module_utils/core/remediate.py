@@ -616,13 +616,31 @@ def _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons):
         ladder.status = 'would_remediate' if run.check_mode else 'remediated'
 
 
+def _drain_budget(node, options, state, drain_reasons, now):
+    """(argv, via, reason, held) of the node's drain: held is (status, why) when the budget holds it, else None."""
+    if not (drain_reasons and options.drain) or state.get('drained'):
+        return None, None, None, None
+    reason = _reason(sorted(set(drain_reasons)))
+    argv, via = node.drain_argv('drain', reason)
+    why = options.budget.node_refusal(state['disruptions'], 'drain', now)
+    if why is not None:
+        return argv, via, reason, (EXHAUSTED, why)
+    partition = options.budget.partition_refusal(node.name, node.slurm()) if via == 'slurm' else None
+    return argv, via, reason, (PARTITION_LIMIT, partition) if partition else None
+
+
 def _node_steps(run, node, options, state, flag, reboot_wanted, drain_reasons, ladders, current_boot, now):
     out = {'scheduler': node.scheduler, 'node_name': node.name, 'drain': None, 'undrain': None, 'reboot_flag': None}
     flag_gpus = dict((flag or {}).get('gpus') or {})
-    # a new flag (none of this boot yet) is within the budget: one per node per window; adding a GPU to it is not
-    why = None if flag_gpus or not reboot_wanted else options.budget.node_refusal(state['disruptions'], 'reboot_flag', now)
-    if options.reboot_flag and why is not None:
-        out['reboot_flag'] = _held(run, 'reboot_flag', EXHAUSTED, why, path=options.reboot_flag, gpus=reboot_wanted)
+    argv, via, reason, drain_held = _drain_budget(node, options, state, drain_reasons, now)
+    # a new flag (none of this boot yet) is within the budget, one per node per window (adding a GPU to it is not), and
+    # goes with its drain: a flag without the drain would leave the GPU waiting for a reboot and the drain never retried
+    held = None
+    if reboot_wanted and not flag_gpus:
+        why = options.budget.node_refusal(state['disruptions'], 'reboot_flag', now)
+        held = (EXHAUSTED, why) if why else drain_held
+    if options.reboot_flag and held is not None:
+        out['reboot_flag'] = _held(run, 'reboot_flag', held[0], held[1], path=options.reboot_flag, gpus=reboot_wanted)
     elif options.reboot_flag and reboot_wanted and reboot_wanted != flag_gpus:
         new_flag = {'boot_id': current_boot, 'time': audit_log.now_iso(), 'gpus': reboot_wanted,
                     'reasons': sorted(set(reboot_wanted.values()))}
@@ -642,21 +660,15 @@ def _node_steps(run, node, options, state, flag, reboot_wanted, drain_reasons, l
         out['reboot_flag'] = {'path': options.reboot_flag, 'gpus': reboot_wanted,
                               'status': 'present' if options.reboot_flag else 'off (reboot_flag is empty)'}
     drained = state.get('drained')
-    if drain_reasons and options.drain:
-        reason = _reason(sorted(set(drain_reasons)))
-        if drained:
-            out['drain'] = {'status': 'already', 'reason': drained.get('reason'), 'via': drained.get('via')}
-        else:
-            argv, via = node.drain_argv('drain', reason)
-            why = options.budget.node_refusal(state['disruptions'], 'drain', now)
-            partition = options.budget.partition_refusal(node.name, node.slurm()) if why is None and via == 'slurm' else None
-            if why is not None or partition is not None:
-                out['drain'] = _held(run, 'drain', EXHAUSTED if why else PARTITION_LIMIT, why or partition, reason=reason, via=via)
-            else:
-                out['drain'] = _node_command(run, argv, via, reason, 'drain')
-            if out['drain']['status'] == 'done':
-                state['drained'] = {'reason': reason, 'via': via, 'time': now}
-                run.record('drain', detail=reason)
+    if drain_reasons and options.drain and drained:
+        out['drain'] = {'status': 'already', 'reason': drained.get('reason'), 'via': drained.get('via')}
+    elif drain_held is not None:
+        out['drain'] = _held(run, 'drain', drain_held[0], drain_held[1], reason=reason, via=via)
+    elif reason is not None:
+        out['drain'] = _node_command(run, argv, via, reason, 'drain')
+        if out['drain']['status'] == 'done':
+            state['drained'] = {'reason': reason, 'via': via, 'time': now}
+            run.record('drain', detail=reason)
     elif drained and not reboot_wanted and all(_clean(ladder) for ladder in ladders):
         argv, via = node.drain_argv('resume', drained.get('reason') or 'gpufleet: health reads clean')
         out['undrain'] = _node_command(run, argv, via, 'health reads clean on every GPU', 'undrain')

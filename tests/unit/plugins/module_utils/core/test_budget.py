@@ -166,13 +166,21 @@ def test_a_second_drain_within_the_window_is_held_and_a_gpufleet_drained_partiti
     hook, calls = recorder(tmp_path, 'drain-hook')
     opts = options(tmp_path, drain_command=[hook], node_name='node04')
     os.makedirs(os.path.dirname(opts.state_path))
-    with open(opts.state_path, 'w') as handle:   # drained and returned to service an hour ago
-        json.dump({'handled': {}, 'drained': None, 'disruptions': [D.entry('drain', time.time() - 3600)]}, handle)
+
+    def earlier_drain(ago):   # drained, and returned to service, that long ago
+        with open(opts.state_path, 'w') as handle:
+            json.dump({'handled': {}, 'drained': None, 'disruptions': [D.entry('drain', time.time() - ago)]}, handle)
+    earlier_drain(3600)
     host = SimHost(node, events={1: [xid.make_event(79, 'kmsg', time_s=time.time(), pci_bus_id=None)]})
     done = rem.remediate(opts, host, scheduler=None)
     assert done['node']['drain']['status'] == 'budget_exhausted' and calls() == []
-    assert statuses(done)[1] == [('drain', 'node_budget_exhausted'), ('reboot_flag', 'node_written')]
-    assert done['remediation_budget_exhausted'] and done['drained'] is False
+    # the flag goes with its drain (a flag alone would leave the GPU waiting for a reboot and the drain never retried)
+    assert statuses(done)[1] == [('drain', 'node_budget_exhausted'), ('reboot_flag', 'node_budget_exhausted')]
+    assert done['remediation_budget_exhausted'] and done['drained'] is False and not os.path.exists(opts.reboot_flag)
+    assert sorted(e['step'] for e in done['budget']['exhausted']) == ['drain', 'reboot_flag']
+    earlier_drain(25 * 3600)   # the window has room again: the event that stayed unhandled drains and flags the node
+    done = rem.remediate(opts, host, scheduler=None)
+    assert statuses(done)[1] == [('drain', 'node_done'), ('reboot_flag', 'node_written')] and len(calls()) == 1
     # with Slurm: 3 of the partition's 4 nodes drained by gpufleet, the 4th is not drained (no scontrol call)
     os.unlink(opts.state_path)
     os.unlink(opts.reboot_flag)
@@ -182,3 +190,4 @@ def test_a_second_drain_within_the_window_is_held_and_a_gpufleet_drained_partiti
     done = rem.remediate(opts, host, scheduler='slurmd', slurm_client=client)
     assert done['node']['drain']['status'] == 'partition_limit' and scalls() == [] and sinfo_calls() == ['--json']
     assert '3 of 4 nodes of partition gpu are drained by gpufleet already' in done['node']['drain']['detail']
+    assert done['node']['reboot_flag']['status'] == 'partition_limit' and not os.path.exists(opts.reboot_flag)
