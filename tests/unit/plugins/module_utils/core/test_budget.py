@@ -44,7 +44,7 @@ def fake_sinfo(tmp_path, nodes):
     """A slurm.SlurmClient whose sinfo prints ``nodes`` (dicts: name, partitions, state_flags, reason) as Slurm
     22.05's ``sinfo --json`` does; returns (client, calls)."""
     bindir = tmp_path / 'sinfo-bin'
-    bindir.mkdir(exist_ok=True)
+    bindir.mkdir(parents=True, exist_ok=True)
     data, log, path = bindir / 'nodes.json', bindir / 'calls.log', bindir / 'sinfo'
     data.write_text(json.dumps({'meta': {}, 'errors': [], 'nodes': [dict({'state': 'idle', 'state_flags': [], 'reason': '',
                                                                            'reason_changed_at': 0}, **n) for n in nodes]}))
