@@ -82,14 +82,15 @@ class Receiver(object):
             return list(self.posts.get(path, ()))
 
 
-def test_config(workdir, smtp_port, receiver, eda_url=None, repeat='1h'):
+def loopback_config(workdir, smtp_port, receiver, eda_url=None, repeat='1h', token=TOKEN):
     """The shipped configuration with every endpoint on loopback and short timings; its path.  ``eda_url`` is
-    the rulebook's webhook (default: the receiver's /eda); ``repeat`` the repeat interval of the EDA route."""
+    the rulebook's webhook (default: the receiver's /eda), ``token`` its bearer token, ``repeat`` the repeat
+    interval of the EDA route."""
     with open(CONFIG) as handle:
         config = yaml.safe_load(handle)
     secrets = os.path.join(workdir, 'secrets')
     os.makedirs(secrets, exist_ok=True)
-    files = {'slack_webhook_url': receiver.url('/slack'), 'gpufleet_eda_token': TOKEN}
+    files = {'slack_webhook_url': receiver.url('/slack'), 'gpufleet_eda_token': token}
     for name, value in files.items():
         with open(os.path.join(secrets, name), 'w') as handle:
             handle.write(value)
@@ -116,14 +117,14 @@ def test_config(workdir, smtp_port, receiver, eda_url=None, repeat='1h'):
 
 
 @contextlib.contextmanager
-def serve(workdir, eda_url=None, repeat='1h'):
-    """aiosmtpd, the HTTP receiver and Alertmanager with ``test_config``.  Yields {'port': Alertmanager's port,
+def serve(workdir, eda_url=None, repeat='1h', token=TOKEN):
+    """aiosmtpd, the HTTP receiver and Alertmanager with ``loopback_config``.  Yields {'port': Alertmanager's port,
     'receiver': Receiver, 'maildir': path}; stops them all on the way out."""
     workdir = str(workdir)
     receiver = Receiver()
     smtp_port, port = pc._free_port(), pc._free_port()
     maildir = os.path.join(workdir, 'maildir')
-    config = test_config(workdir, smtp_port, receiver, eda_url, repeat)
+    config = loopback_config(workdir, smtp_port, receiver, eda_url, repeat, token)
     procs = []
     receiver.thread.start()
     try:
