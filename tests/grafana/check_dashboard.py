@@ -79,7 +79,7 @@ def check(board, npm, workdir):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0])
     parser.add_argument('--npm', required=True, help='the directory npm installed tests/grafana/package.json into')
     parser.add_argument('dashboard', nargs='?', default=DASHBOARD)
     args = parser.parse_args(argv)

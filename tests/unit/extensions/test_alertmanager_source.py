@@ -140,7 +140,7 @@ def test_the_webhook_server_on_loopback_with_a_token():
         answers = []
         try:
             async with aiohttp.ClientSession() as session:
-                for _ in range(100):              # the server binds within a second
+                for _attempt in range(100):              # the server binds within a second
                     try:
                         async with session.post(url, data=body) as response:
                             answers.append(response.status)
@@ -154,7 +154,7 @@ def test_the_webhook_server_on_loopback_with_a_token():
         finally:
             server.cancel()
             await asyncio.gather(server, return_exceptions=True)
-        return answers, [queue.get_nowait() for _ in range(queue.qsize())]
+        return answers, [queue.get_nowait() for _event in range(queue.qsize())]
 
     answers, events = asyncio.run(scenario())
     assert answers[0] == 401 and answers[1][0] == 401

@@ -270,7 +270,7 @@ def authorized(header, token):
     """Whether an Authorization header carries the bearer ``token`` (compared in constant time)."""
     if not token:
         return True
-    scheme, _, given = (header or '').partition(' ')
+    scheme, _space, given = (header or '').partition(' ')
     return scheme == 'Bearer' and hmac.compare_digest(given.strip().encode('utf-8'), token.encode('utf-8'))
 
 
