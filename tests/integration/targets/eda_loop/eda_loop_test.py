@@ -16,6 +16,8 @@ Run by runme.sh after tests/fleet/up: python eda_loop_test.py --fleet DIR --coll
 4. GpuXidFault fires for node01 (node02 is not scraped: the same fault, no alert); Alertmanager sends it to
    the rulebook, which runs remediate on node01 only: GPU 0 is reset and verified healthy.
 5. Alertmanager's repeats of the alert arrive while that run goes on and after it: no second run.
+6. The storm limit (1 node here): an alert for node02 posted to the rulebook starts nothing, and the rulebook
+   reports the storm.
 
 The figures (fault -> alert -> webhook -> playbook -> verified reset) are printed and written to
 DIR/out/eda_loop.json (docs/benchmarks.md, "Event-driven remediation").
@@ -33,10 +35,12 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 
 TEXTFILE_DIR = 'var/lib/node_exporter/textfile_collector'
 GUARD = '/opt/gpufleet/bin/gpufleet-guard'
 RULEBOOK = 'gpufleet.reclaim.remediate_on_alert'
+TOKEN = 'loop-token-9d2e'
 DEADLINE = 90           # seconds from the fault to the verified reset, at most (goal: under 10)
 # the guard in dry-run (it decides, and signals nothing), its metrics where node_exporter reads them
 GUARD_VARS = {'gpu_guard_mode': 'dry-run', 'gpu_guard_install_prereqs': False, 'gpu_guard_policy': {'notify': {'tty': False}},
@@ -56,6 +60,11 @@ def on(fleet, node, *argv):
 
 def show(fleet, node):
     return json.loads(on(fleet, node, 'gpusim', 'show'))
+
+
+def read(path):
+    with open(path, errors='replace') as handle:
+        return handle.read()
 
 
 def stamps(path, pattern):
@@ -82,8 +91,8 @@ def rulebook_files(out, inventory, port):
     rb_vars = os.path.join(out, 'eda-vars.yml')
     with open(rb_vars, 'w') as handle:
         # the confirmation is left at its default: act
-        json.dump({'gpufleet_eda_host': '127.0.0.1', 'gpufleet_eda_port': port, 'gpufleet_eda_token': 'loop-token-9d2e',
-                   'gpufleet_eda_inventory': rb_inventory}, handle)
+        json.dump({'gpufleet_eda_host': '127.0.0.1', 'gpufleet_eda_port': port, 'gpufleet_eda_token': TOKEN,
+                   'gpufleet_eda_inventory': rb_inventory, 'gpufleet_eda_storm_max_nodes': 1}, handle)
     return rb_inventory, rb_vars
 
 
@@ -124,10 +133,11 @@ def main():
         pc.until('ansible-rulebook listening', lambda: ac._connects(port))
         started_s = time.monotonic() - begun
         with ac.serve(os.path.join(out, 'am'), eda_url='http://127.0.0.1:%d/alertmanager' % port, repeat='1s',
-                      token='loop-token-9d2e') as am:
+                      token=TOKEN) as am:
             with pc.serve(os.path.join(out, 'prom'), {'node01': textfiles['node01']}, rules=pc.RULES,
                           alertmanager=am['port']) as prom:
                 figures = loop(fleet, out, pc, ac, am, prom, rb_log, ansible_log)
+                storm(port, rb_log, ansible_log, pc)
     finally:
         pc._stop(procs)
     assert all(p.poll() is not None for p in procs)
@@ -168,6 +178,23 @@ def loop(fleet, out, pc, ac, am, prom, rb_log, ansible_log):
     return {'tick_s': round(ticked - t0, 2), 'alert_firing_s': round(firing - t0, 2), 'webhook_s': round(posts[0] - t0, 2),
             'playbook_start_s': round(plays[0] - t0, 2), 'verified_reset_s': round(done - t0, 2),
             'webhooks': len(posts), 'webhooks_during_the_run': len(during), 'runs': len(plays)}
+
+
+def storm(port, rb_log, ansible_log, pc):
+    """The storm limit of the real rulebook (gpufleet_eda_storm_max_nodes: 1): an alert for node02 while node01's
+    admission holds starts nothing, and the rulebook reports the storm."""
+    body = {'version': '4', 'status': 'firing', 'receiver': 'gpufleet-eda', 'groupKey': 'storm', 'alerts': [
+        {'status': 'firing', 'fingerprint': 'f00d0000000002', 'startsAt': '2024-05-01T10:00:00Z',
+         'labels': {'alertname': 'GpuXidFault', 'node': 'node02', 'gpu': '0', 'code': '48', 'severity': 'critical'},
+         'annotations': {'summary': 'Xid 48 on GPU 0 of node02'}}]}
+    request = urllib.request.Request('http://127.0.0.1:%d/alertmanager' % port, data=json.dumps(body).encode('utf-8'),
+                                     headers={'Authorization': 'Bearer ' + TOKEN, 'Content-Type': 'application/json'})
+    with urllib.request.urlopen(request, timeout=10) as response:   # noqa: S310 (loopback, built here)
+        assert json.loads(response.read().decode('utf-8')) == {'events': 1}     # the storm report, not the alert
+    pc.until('the storm report', lambda: 'gpufleet alert storm: 1 node(s) not acted on' in read(rb_log))
+    time.sleep(2)
+    assert len(stamps(ansible_log, r'PLAY \[Remediate unhealthy GPUs\]')) == 1
+    assert 'GpuXidFault on node02 not acted on: storm limit (1 nodes within 600 s)' in read(rb_log)
 
 
 def check_the_outcome(fleet, out, figures):
