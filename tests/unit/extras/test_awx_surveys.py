@@ -21,7 +21,7 @@ import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..', '..'))
 AWX = os.path.join(ROOT, 'extras', 'awx')
-PLAYBOOKS = ['inventory_report', 'rogue_cleanup', 'reclaim_idle', 'reset_unhealthy', 'guard_deploy', 'audit']
+PLAYBOOKS = ['inventory_report', 'rogue_cleanup', 'reclaim_idle', 'reset_unhealthy', 'remediate', 'guard_deploy', 'audit']
 TYPES = ('text', 'textarea', 'password', 'integer', 'float', 'multiplechoice', 'multiselect')
 VARIABLE_RE = re.compile(r'^[a-z_][a-z0-9_]*$')
 
@@ -137,7 +137,7 @@ def test_confirmations_default_to_false_and_are_read_as_booleans(name):
 
 
 def test_destructive_playbooks_ask_for_confirmation():
-    for name in ('rogue_cleanup', 'reclaim_idle', 'reset_unhealthy'):
+    for name in ('rogue_cleanup', 'reclaim_idle', 'reset_unhealthy', 'remediate'):
         variables = [q['variable'] for q in survey(name)['spec']]
         assert 'reclaim_confirm' in variables, name
         assert 'check_mode: "{{ ansible_check_mode or not gpufleet_confirmed }}"' in playbook_text(name), name
