@@ -11,11 +11,13 @@ COLL := $(COLL_ROOT)/ansible_collections/gpufleet/reclaim
 SIM_BUILD := $(ROOT)/tests/sim/build
 # The publishing tools (galaxy-importer, antsibull-docs) pin their own ansible-lint: a venv of their own.
 GALAXY_VENV := $(ROOT)/build/galaxy-venv
+# Grafana's dashboard types and tsc, from the npm registry at the versions tests/grafana/package.json pins.
+GRAFANA_NPM := $(ROOT)/build/grafana-schema
 CC ?= gcc
 CFLAGS ?= -O2 -Wall -Wextra -Werror=implicit-function-declaration
 
 .PHONY: all venv galaxy-venv sim collection test sim-test sanity units integration fleet-test floor lint changelog-lint \
-	galaxy-import docs-lint demo bench clean
+	galaxy-import docs-lint dashboard-schema demo bench clean
 
 all: test
 
@@ -59,7 +61,7 @@ collection: sim
 	# build outputs are git-ignored (so sanity skips them) but the simulator needs them at run time
 	cp -a $(SIM_BUILD) $(COLL)/tests/sim/build
 
-test: venv sim sim-test sanity units integration fleet-test floor lint changelog-lint galaxy-import docs-lint
+test: venv sim sim-test sanity units integration fleet-test floor lint changelog-lint galaxy-import docs-lint dashboard-schema
 	@echo "make test: all suites passed"
 
 sim-test: venv sim
@@ -106,6 +108,15 @@ galaxy-import: galaxy-venv collection
 docs-lint: galaxy-venv collection
 	cd $(COLL) && ANSIBLE_COLLECTIONS_PATH=$(COLL_ROOT) PATH=$(GALAXY_VENV)/bin:$$PATH \
 	  $(GALAXY_VENV)/bin/antsibull-docs lint-collection-docs --plugin-docs .
+
+$(GRAFANA_NPM)/.stamp: tests/grafana/package.json
+	rm -rf $(GRAFANA_NPM) && mkdir -p $(GRAFANA_NPM) && cp tests/grafana/package.json $(GRAFANA_NPM)/
+	cd $(GRAFANA_NPM) && npm install --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
+
+# extras/grafana/gpufleet-dashboard.json type-checked by tsc against @grafana/schema's Dashboard; planted typos fail.
+dashboard-schema: venv $(GRAFANA_NPM)/.stamp
+	GPUFLEET_GRAFANA_NPM=$(GRAFANA_NPM) $(PY) -m pytest -q -rs -p no:cacheprovider tests/grafana
 
 demo: venv
 	PATH=$(BIN):$$PATH $(PY) tests/demo/run

@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 #
 # PRIVATE: part of the gpufleet.reclaim core. Plain Python, no Ansible imports; not a public API.
-"""How the guard's warnings reach people: the user's terminals, a webhook, a command hook.
+"""How the guard's warnings reach people: the user's terminals, a webhook (JSON, Slack or Teams: chat.py), a command hook.
 
 Nothing here may hold up enforcement: terminal writes are non-blocking and bounded, the webhook
 has a timeout, the command hook has a timeout, and every failure is returned as text for the
@@ -357,7 +357,10 @@ class Notifier(object):
             result['errors'].extend(errors)
         payload = self.payload(user, items, mode)
         if self.webhook_url:
-            error = post_webhook(self.webhook_url, payload, self.webhook_timeout)
+            # the chat formats are the guard's only (the modules import this file and never send): loaded here
+            from .chat import chat_payload  # pylint: disable=import-outside-toplevel
+            body = chat_payload(self.notify.webhook_format, self.host, user, mode, text, payload)
+            error = post_webhook(self.webhook_url, body, self.webhook_timeout)
             result['webhook'] = 'ok' if error is None else 'failed'
             if error:
                 result['errors'].append(error)

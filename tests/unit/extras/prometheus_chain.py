@@ -78,9 +78,9 @@ def _die_with_parent():
     libc.prctl(1, signal.SIGTERM, 0, 0, 0)     # PR_SET_PDEATHSIG
 
 
-def _start(argv, log):
+def _start(argv, log, env=None):
     with open(log, 'w') as handle:
-        return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 preexec_fn=_die_with_parent)  # pylint: disable=subprocess-popen-preexec-fn
 
 
@@ -97,9 +97,10 @@ def _stop(procs):
 
 
 @contextlib.contextmanager
-def serve(workdir, textfile_dirs, rules=None):
+def serve(workdir, textfile_dirs, rules=None, alertmanager=None):
     """One node_exporter per directory of ``textfile_dirs`` ({node label: directory}, textfile collector only)
-    and one prometheus scraping them every second (job ``node``, label ``node``), loading ``rules`` if given.
+    and one prometheus scraping them every second (job ``node``, label ``node``), loading ``rules`` if given
+    and sending its alerts to the Alertmanager on 127.0.0.1:``alertmanager`` if given.
     Yields {'port': prometheus's port, 'targets': {node label: instance}} once every exporter serves the guard's
     series and prometheus scraped every node twice; stops them all on the way out."""
     workdir = str(workdir)
@@ -111,7 +112,9 @@ def serve(workdir, textfile_dirs, rules=None):
         json.dump({'global': {'scrape_interval': '1s', 'evaluation_interval': '1s'},
                    'rule_files': [rules] if rules else [],
                    'scrape_configs': [{'job_name': 'node', 'static_configs': [
-                       {'targets': ['127.0.0.1:%d' % ports[name]], 'labels': {'node': name}} for name in names]}]}, handle)
+                       {'targets': ['127.0.0.1:%d' % ports[name]], 'labels': {'node': name}} for name in names]}],
+                   'alerting': {'alertmanagers': [{'static_configs': [{'targets': ['127.0.0.1:%d' % alertmanager]}]}]
+                                if alertmanager else []}}, handle)
     procs = []
     try:
         for name in names:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from .. import notify as notify_mod
+from .. import chat, notify as notify_mod
 from ..constants import DISRUPTION_KEEP_S, REBOOT_FLAG_PATH, ROGUE_LEVELS
 from .validation import _join, _only
 from .values import (
@@ -242,10 +242,12 @@ def _budget(value, path, out, errors):
 
 
 class Notify(object):
-    def __init__(self, tty=True, webhook_url=None, webhook_timeout=5.0, command=None, redact_patterns=(), message=''):
+    def __init__(self, tty=True, webhook_url=None, webhook_timeout=5.0, command=None, redact_patterns=(), message='',
+                 webhook_format='json'):
         self.tty = tty
         self.webhook_url = webhook_url
         self.webhook_timeout = webhook_timeout
+        self.webhook_format = webhook_format
         self.command = command
         self.redact_patterns = list(redact_patterns)
         self.message = message
@@ -256,13 +258,16 @@ def _notify(value, path):
     if value is None:
         return Notify(redact_patterns=defaults)
     errors = _section(value, path, ('tty', 'webhook', 'command', 'redact_patterns', 'redact_defaults', 'message'))
-    url, timeout = None, 5.0
+    url, timeout, fmt = None, 5.0, 'json'
     hook = value.get('webhook')
     if isinstance(hook, str):
         hook = {'url': hook}
     if hook is not None and errors.run(_dict, hook, _join(path, 'webhook')) is not None:
         sub = _join(path, 'webhook')
-        errors.run(_only, hook, sub, ('url', 'timeout', 'enabled', 'allow_http'))
+        errors.run(_only, hook, sub, ('url', 'timeout', 'enabled', 'allow_http', 'format'))
+        fmt = hook.get('format', 'json')
+        if fmt not in chat.FORMATS:
+            errors.add(_join(sub, 'format'), fmt, 'expected one of %s' % ', '.join(chat.FORMATS))
         allow_http = errors.run(_bool, hook.get('allow_http', False), _join(sub, 'allow_http'))
         if hook.get('enabled', True):
             url = hook.get('url')
@@ -284,4 +289,4 @@ def _notify(value, path):
         errors.add(_join(path, 'message'), message, 'expected text')
     tty = errors.run(_bool, value.get('tty', True), _join(path, 'tty'))
     errors.check()
-    return Notify(tty, url, timeout, command, patterns, message)
+    return Notify(tty, url, timeout, command, patterns, message, fmt)

@@ -26,6 +26,14 @@ remediation:
 '''
 
 
+@pytest.fixture(autouse=True)
+def no_scheduler_here(monkeypatch):
+    """The ladder in these ticks drains through its hook: a slurmd this machine runs (another test's simulated fleet)
+    is not the test's, and its Slurm is not asked (the partition check, core/budget.py)."""
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import remediate
+    monkeypatch.setattr(remediate, 'scheduler_daemon', lambda: None)
+
+
 def test_the_section_is_off_unless_enabled_and_validated_field_by_field():
     assert P.parse_policy({}).remediation.enabled is False
     assert P.parse_policy({'remediation': True}).remediation.enabled is True
