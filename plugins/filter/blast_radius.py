@@ -87,9 +87,9 @@ EXAMPLES = r"""
 RETURN = r"""
 _value:
   description:
-    - C(kind), C(targeted) (nodes), C(act) (the hosts that act, worst first), C(held) (host - reason, such as
+    - "C(kind), C(targeted) (nodes), C(act) (the hosts that act, worst first), C(held) (host - reason, such as
       C(held: blast-radius limit (2 of 10 nodes disrupted in the last 1h))), C(hint) (how to raise the limit, or null),
-      C(limits), C(lines) (the plan for people).
+      C(limits), C(lines) (the plan for people)."
     - For V(nodes) also C(limit), C(disrupted) (host - why, before this run) and C(disrupted_after); for V(kills) also
       C(planned), C(kills) (host - how many it may kill) and C(held_kills) (host - how many are held).
   type: dict

@@ -336,8 +336,8 @@ skipped_processes:
       reason: protected name nv-hostengine (protect_names)
 held_processes:
   description:
-    - Processes that matched the selectors but were left alone because O(max_kills) was reached, with
-      RV(killed[].reason) C(held: blast-radius limit ...). Entries have the same keys as RV(killed).
+    - "Processes that matched the selectors but were left alone because O(max_kills) was reached, with
+      RV(killed[].reason) saying so (C(held: blast-radius limit ...)). Entries have the same keys as RV(killed)."
   returned: always
   type: list
   elements: dict

@@ -70,10 +70,10 @@ class Budget(object):
         done = disruption.recent(entries, action, self.window, now)
         if not done:
             return None
+        what = 'the node was drained' if action == 'drain' else 'a reboot flag was written'
+        ago = human_duration(now - max(e['time'] for e in done))
         return ('%s: %s %s ago, and the ladder takes one per node per %s (%s); a human decides (docs/health.md, '
-                '"The ladder\'s budget")' % (EXHAUSTED, 'the node was drained' if action == 'drain' else 'a reboot flag was written',
-                                            human_duration(now - max(e['time'] for e in done)), human_duration(self.window),
-                                            self.fields[1]))
+                '"The ladder\'s budget")' % (EXHAUSTED, what, ago, human_duration(self.window), self.fields[1]))
 
     def partition_refusal(self, node_name, client):
         """Why Slurm may not drain ``node_name`` now: more than max_drained_pct of one of its partitions is drained for a
@@ -94,8 +94,8 @@ class Budget(object):
             share = 100.0 * len(ours) / len(members)
             if share > self.max_drained_pct:
                 return (PARTITION_LIMIT + ': %d of %d nodes of partition %s are drained by gpufleet already (%.0f%%, more than '
-                        'max_drained_pct %g): not drained; a human decides' % (len(ours), len(members), partition, share,
-                                                                              self.max_drained_pct))
+                        'max_drained_pct %g): not drained; a human decides'
+                        % (len(ours), len(members), partition, share, self.max_drained_pct))
         return None
 
 

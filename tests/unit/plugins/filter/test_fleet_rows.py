@@ -110,8 +110,8 @@ def test_the_nodes_gpufleet_disrupted_lately_are_listed_with_why_and_escaped_on_
     recs[1]['gpu'] = dict(recs[1]['gpu'], disruption={'drained': None, 'reboot_flag': None, 'scheduler': None, 'actions': [
         {'action': 'reset', 'gpu': 'GPU-2', 'time': 1.0, 'ago_s': 4000.0, 'by': 'gpu_reset'}]})
     rows = fleet_rows(recs)
-    assert rows['disrupted'] == [{'host': 'node1', 'why': ['drained by the ladder (gpufleet: GPU 1 <b>x</b>\x1b[2J)',
-                                                             'reset of GPU GPU-1 10m00s ago']}]
+    why = ['drained by the ladder (gpufleet: GPU 1 <b>x</b>\x1b[2J)', 'reset of GPU GPU-1 10m00s ago']
+    assert rows['disrupted'] == [{'host': 'node1', 'why': why}]
     assert rows['totals']['disrupted_nodes'] == 1
     assert [d['host'] for d in fleet_rows(recs, disruption_window='2h')['disrupted']] == ['node1', 'node2']
     html = _report_env().get_template('report.html.j2').render(**_report(rows))

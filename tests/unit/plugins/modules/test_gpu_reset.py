@@ -15,7 +15,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes, reset, safe_files
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import disruption, processes, reset, safe_files
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import gpu_module
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_reset
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.modules.module_docs import documented_options
@@ -46,8 +46,10 @@ STATE = {}
 
 
 @pytest.fixture(autouse=True)
-def state_path(tmp_path):
-    """The ladder's state file the module records its resets in: the test's own, never the host's /var/lib/gpufleet."""
+def state_path(tmp_path, monkeypatch):
+    """The ladder's state file the module records its resets in: the test's own, never the host's /var/lib/gpufleet;
+    and no slurmd here (one this machine runs for another test's fleet is not the test's, its Slurm not asked)."""
+    monkeypatch.setattr(disruption, 'scheduler_daemon', lambda: None)
     STATE['path'] = str(tmp_path / 'lib' / 'remediation.json')
     return STATE['path']
 

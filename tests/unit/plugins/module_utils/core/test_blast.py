@@ -138,8 +138,8 @@ def test_150_miners_on_three_nodes_100_are_killed_50_held():
 
 
 def test_the_kill_order_is_the_most_memory_first_with_families_whole_and_ties_by_host():
-    nodes = [{'host': 'b', 'ok': True, 'kills': [{'pid': 1, 'used_mib': 900}, {'pid': 2, 'used_mib': None, 'parent_pid': 1},
-                                                {'pid': 3, 'used_mib': 10}]},
+    family = [{'pid': 1, 'used_mib': 900}, {'pid': 2, 'used_mib': None, 'parent_pid': 1}, {'pid': 3, 'used_mib': 10}]
+    nodes = [{'host': 'b', 'ok': True, 'kills': family},
              {'host': 'a', 'ok': True, 'kills': [{'pid': 7, 'used_mib': 900}, {'pid': 8, 'used_mib': 500}]},
              {'host': 'c', 'ok': False, 'kills': [{'pid': 9, 'used_mib': 9999}]}]
     assert blast.kill_plan(nodes, blast.Limits(max_kills=3))['allowed'] == {'a': 1, 'b': 2}

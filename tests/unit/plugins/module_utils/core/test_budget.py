@@ -23,8 +23,8 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import disru
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import remediate as rem
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import slurm, xid
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
-from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_remediate import (
-    SimHost, node, options, recorder, statuses)  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_remediate import SimHost, options, recorder, statuses
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_remediate import node  # noqa: F401 pylint: disable=unused-import
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='the simulator node and the reset need root')
 NOW = 1700000000.0
@@ -46,8 +46,8 @@ def fake_sinfo(tmp_path, nodes):
     bindir = tmp_path / 'sinfo-bin'
     bindir.mkdir(parents=True, exist_ok=True)
     data, log, path = bindir / 'nodes.json', bindir / 'calls.log', bindir / 'sinfo'
-    data.write_text(json.dumps({'meta': {}, 'errors': [], 'nodes': [dict({'state': 'idle', 'state_flags': [], 'reason': '',
-                                                                           'reason_changed_at': 0}, **n) for n in nodes]}))
+    blank = {'state': 'idle', 'state_flags': [], 'reason': '', 'reason_changed_at': 0}
+    data.write_text(json.dumps({'meta': {}, 'errors': [], 'nodes': [dict(blank, **n) for n in nodes]}))
     path.write_text(SINFO % {'python': sys.executable, 'data': str(data), 'log': str(log)})
     path.chmod(0o755)
     client = slurm.SlurmClient(which=lambda name: str(path) if name == 'sinfo' else None)

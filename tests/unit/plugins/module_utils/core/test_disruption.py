@@ -61,8 +61,8 @@ def test_a_reset_recorded_while_the_ladder_runs_survives_the_ladders_save(tmp_pa
 
 def test_the_node_reading_has_the_drain_this_boots_flag_and_the_recent_actions_by_the_nodes_clock(tmp_path):
     state, flag = str(tmp_path / 'remediation.json'), str(tmp_path / 'reboot-wanted')
-    assert D.node_disruption(state, flag, now=NOW, scheduler=None) == {'drained': None, 'reboot_flag': None, 'scheduler': None,
-                                                                        'actions': [], 'errors': []}
+    quiet = {'drained': None, 'reboot_flag': None, 'scheduler': None, 'actions': [], 'errors': []}
+    assert D.node_disruption(state, flag, now=NOW, scheduler=None) == quiet
     write(state, {'drained': {'reason': 'gpufleet: GPU 0: Xid 79', 'via': 'drain_command', 'time': NOW - 600},
                   'disruptions': [D.entry('reset', NOW - 300, gpu='GPU-a', by='gpu_reset'), D.entry('drain', NOW - 600, by='remediate')]})
     write(flag, {'boot_id': 'an-earlier-boot', 'time': '2026-01-01T00:00:00Z', 'gpus': {'GPU-a': 'Xid 79'}})
