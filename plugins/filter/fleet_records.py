@@ -217,7 +217,7 @@ def fleet_records(hosts, hostvars, register, workflow, extra=None, max_fail_perc
         failed = len([r for r in records if r['status'] == 'failed'])
         for record in records:
             if record['status'] == 'halted':
-                record['msg'] = ('not attempted: %d of %d node(s) failed their reset in earlier batches, more than '
+                record['msg'] = ('not attempted: %d of %d node(s) failed their reset (in the plan or an earlier batch), more than '
                                  'reset_max_fail_percentage=%s%%' % (failed, len(records), max_fail_percentage))
     return records
 

@@ -63,7 +63,7 @@ def test_reset_unhealthy_halted_nodes_say_why():
     node05, node06 = fleet_records(['node05', 'node06'], hostvars, 'r', 'reset_unhealthy', max_fail_percentage=10)
     assert node05['status'] == 'failed' and node05['resets'] == [{'index': 3, 'status': 'refused'}]
     assert node06['status'] == 'halted'
-    assert node06['msg'] == ('not attempted: 1 of 2 node(s) failed their reset in earlier batches, more than '
+    assert node06['msg'] == ('not attempted: 1 of 2 node(s) failed their reset (in the plan or an earlier batch), more than '
                              'reset_max_fail_percentage=10%')
 
 
