@@ -31,7 +31,7 @@ NODES = ['node01', 'node02', 'node03', 'node04', 'node05', 'node06']
 DOWN = 'node07'
 # Playbooks that make one module call per node and nothing else per node (issue #21): each node's recap counts
 # exactly one task (ok, or skipped for a halted reset), whatever happened to it.  The acting ones plan every node
-# first (issue #30): a confirmed run (not --check) adds the act, a second call, on the nodes that act only.
+# first (issue #30): a confirmed run adds the act, a second call (in check mode with --check), on the nodes that act only.
 ONE_CALL = ('rogue_cleanup', 'reclaim_idle', 'reset_unhealthy', 'remediate', 'audit', 'inventory_report')
 ACTING = ('rogue_cleanup', 'reclaim_idle', 'reset_unhealthy', 'remediate')
 
@@ -121,7 +121,7 @@ class Fleet(object):
                                      'failed': int(match.group(5)), 'ok': int(match.group(2)), 'skipped': int(match.group(6))}
         if name in ONE_CALL:
             tasks = dict((host, counts['ok'] + counts['skipped']) for host, counts in recap.items() if host != 'localhost')
-            confirmed = str(evars.get('reclaim_confirm', False)).lower() == 'true' and not check
+            confirmed = str(evars.get('reclaim_confirm', False)).lower() == 'true'
             allowed = {1, 2} if name in ACTING and confirmed else {1}
             assert tasks and set(tasks.values()) <= allowed, \
                 '%s must run one task per node (and the act where it acts): %s' % (name, tasks)
