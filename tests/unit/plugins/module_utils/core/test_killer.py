@@ -237,6 +237,34 @@ def test_wait_release_reports_unreleased_memory_and_stops():
     assert clock.now <= 2.5
 
 
+UNREAD_VIEWS = [
+    ({0: (1000, None)}, 'the memory came back but the process list could not be read'),
+    ({0: (None, None)}, 'nothing of the GPU could be read'),
+    ({}, 'the GPU is missing from the view (its backend failed)'),
+    ({1: (0, set())}, 'only another GPU was read'),
+]
+
+
+@pytest.mark.parametrize('view, _case', UNREAD_VIEWS, ids=[case for _view, case in UNREAD_VIEWS])
+@pytest.mark.parametrize('want', [{'pids': {11}, 'before_mib': 9000, 'held_mib': 8000},
+                                  {'pids': {11}, 'before_mib': None, 'held_mib': None}], ids=['sizes known', 'sizes unknown'])
+def test_wait_release_never_calls_a_gpu_released_whose_process_list_was_not_read(view, _case, want):
+    """No proof, no release: an unreadable or missing process list is not an empty one (issue 34), so the wait goes
+    on until its deadline and reports the GPU unreleased, whatever the memory reads."""
+    clock = FakeClock()
+    polls = []
+
+    def probe():
+        polls.append(clock.now)
+        return dict(view)
+
+    result = killer.wait_release({0: dict(want)}, probe, timeout=2, clock=clock, sleep=clock.sleep, poll=0.25)
+    assert result[0]['released'] is False and result[0]['seconds'] is None
+    assert len(polls) > 1 and 2 <= clock.now <= 2.5   # it kept asking until the deadline, no longer
+    if want['held_mib'] is not None and view.get(0, (None,))[0] is None:
+        assert result[0]['unreleased_mib'] == 8000     # nothing read: all it held counts as unreleased
+
+
 def test_children_from_the_kernels_children_files(tmp_path):
     """/proc/PID/task/TID/children (CONFIG_PROC_CHILDREN): only the asked-for trees are read."""
     def children(pid, tid, kids):

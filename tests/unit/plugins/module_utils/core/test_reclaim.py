@@ -343,6 +343,51 @@ def test_memory_the_driver_keeps_is_reported_as_a_leak_after_a_bounded_wait(tmp_
         assert result['release']['0']['released'] is False
 
 
+class _UnreadableDriver(object):
+    """select_backends for the release wait whose one backend cannot tell which processes a GPU lists: ``memory_view``
+    raises (the driver stopped answering) or returns the memory with no process list (``None``)."""
+
+    def __init__(self, raises):
+        self.raises = raises
+
+    def __call__(self, name):
+        raises = self.raises
+
+        class Backend(object):
+            def __init__(self):
+                self.name = name
+
+            def memory_view(self, vendor_indexes=None):
+                if raises:
+                    raise RuntimeError('NVML_ERROR_GPU_IS_LOST')
+                return dict((i, (0, None)) for i in vendor_indexes or ())
+
+            def devices(self):
+                raise RuntimeError('NVML_ERROR_GPU_IS_LOST')
+
+        class Selection(object):
+            backends = [Backend()]
+
+            def close(self):
+                pass
+
+        return Selection()
+
+
+@pytest.mark.parametrize('raises', [True, False], ids=['the driver read raises', 'no process list'])
+def test_a_release_the_driver_cannot_show_is_never_reported(node, monkeypatch, raises):
+    """The victim really exits and its memory really comes back, but the release wait cannot read the GPU's process
+    list: reclaim() reports the GPU unreleased, not freed (issue 34)."""
+    victim = node.spawn(0, 2048)
+    monkeypatch.setattr(core_reclaim, 'select_backends', _UnreadableDriver(raises))
+    result = run(node, pids=[victim], release_timeout=0.5)
+    assert pids(result['killed']) == [victim] and not node.alive(victim)
+    assert result['release']['0']['released'] is False and result['release']['0']['seconds'] is None
+    assert [entry['gpu'] for entry in result['unreleased']] == [0]
+    assert result['killed'][0]['seconds_to_release'] is None
+    assert ('2048 MiB not released' if raises else 'release not confirmed on GPU 0') in result['msg']
+
+
 # ---------------------------------------------------------------------------- audit, options
 def test_each_action_is_appended_to_the_audit_log(node, tmp_path):
     audit = str(tmp_path / 'log' / 'actions.jsonl')
