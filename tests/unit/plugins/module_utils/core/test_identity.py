@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -39,11 +40,12 @@ class ProcTree(object):
     def __init__(self, root):
         self.root = str(root)
 
-    def add(self, pid, uid=ALICE, starttime=1000, comm=b'train', state=b'S', cmdline=b'python\0train.py\0'):
+    def add(self, pid, uid=ALICE, starttime=1000, comm=b'train', state=b'S', cmdline=b'python\0train.py\0', uids=None):
+        """``uids``: the Uid: line's real, effective, saved and filesystem uids (default: ``uid`` four times)."""
         base = os.path.join(self.root, str(pid))
         os.makedirs(base, exist_ok=True)
         files = {'stat': b'%d (%s) %s 1 %d %d 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0' % (pid, comm, state, pid, pid, starttime),
-                 'status': status(comm, (uid,) * 4), 'cmdline': cmdline, 'cgroup': b'0::/user.slice\n'}
+                 'status': status(comm, uids or (uid,) * 4), 'cmdline': cmdline, 'cgroup': b'0::/user.slice\n'}
         for name, data in files.items():
             with open(os.path.join(base, name), 'wb') as handle:
                 handle.write(data)
@@ -260,6 +262,68 @@ def test_the_inventory_takes_the_owner_from_the_identity_not_from_psutil():
     finally:
         child.kill()
         child.wait(10)
+
+
+# ---------------------------------------------------------------------------- setuid: the real uid is charged
+NOBODY = pwd.getpwnam('nobody').pw_uid
+SETUID = (NOBODY, 0, 0, 0)   # Uid: real, effective, saved, filesystem: nobody running a setuid-root helper
+MEMORY_LIMIT = 'users: {nobody: {max_mem_mib_total: 1024}}'
+
+
+def _setuid_record(tree, use_psutil, monkeypatch):
+    """The inventory's record of pid 4242 in ``tree``, a setuid-root helper that nobody started."""
+    tree.add(4242, comm=b'helper', cmdline=b'helper\0', uids=SETUID)
+    if use_psutil:
+        fake = FakePsutil(lambda: None, {'pid': 4242, 'name': 'helper', 'cmdline': ['helper'], 'status': 'sleeping',
+                                         'ppid': 1, 'create_time': 1.0, 'exe': None})
+        monkeypatch.setattr(processes, '_PSUTIL', [fake, None])
+    inventory = processes.ProcessInventory(proc_root=tree.root, use_psutil=use_psutil, scan_fds=False)
+    assert inventory.use_psutil is use_psutil
+    return inventory.record(4242)
+
+
+@pytest.mark.parametrize('use_psutil', [False, True], ids=['proc', 'psutil'])
+def test_a_setuid_process_is_charged_to_its_real_uid(tmp_path, monkeypatch, use_psutil):
+    """``Uid:\t65534\t0\t0\t0``: the one who started it owns it, on both inventory paths (issue 34); the
+    effective uid (root) is kept in the identity, where protection reads it."""
+    rec = _setuid_record(ProcTree(tmp_path), use_psutil, monkeypatch)
+    assert rec.found and (rec.uid, rec.user) == (NOBODY, 'nobody')
+    assert rec.identity.uid == NOBODY and rec.identity.uids == SETUID
+
+
+@pytest.mark.parametrize('use_psutil', [False, True], ids=['proc', 'psutil'])
+def test_the_memory_of_a_setuid_process_counts_against_its_real_users_limit(tmp_path, monkeypatch, use_psutil):
+    """The policy charges the helper's 4 GiB to nobody (over its 1 GiB), not to root."""
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
+    snap = snapshot([proc(4242, 'alice', {0: 4096})])
+    snap.processes[0].join(_setuid_record(ProcTree(tmp_path), use_psutil, monkeypatch))
+    found = P.evaluate(P.load_policy_text(MEMORY_LIMIT, 'policy.yaml'), snap, {}, snap.taken_at, P.Context(groups={}))
+    assert [(v.rule, v.user, v.pids, v.measured) for v in found] == [('max_mem_total', 'nobody', [4242], 4096)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='runs a setuid-root executable as nobody (root)')
+def test_a_real_setuid_process_is_its_real_users():
+    """The same with the kernel's own Uid: line: nobody runs a setuid-root copy of sleep (real 65534, effective 0)."""
+    where = tempfile.mkdtemp(prefix='gpufleet-setuid-')   # root's, 0755: nobody may run what is in it
+    os.chmod(where, 0o755)
+    helper = os.path.join(where, 'helper')
+    shutil.copy('/bin/sleep', helper)
+    os.chmod(helper, 0o4755)
+    child = subprocess.Popen([helper, '600'], **h._as_user('nobody'))  # pylint: disable=protected-access
+    try:
+        h.wait_for(lambda: (I.read_identity(child.pid)[0] or I.Identity(0, 0, '', 0, 0, 0, '', ())).comm == 'helper',
+                   what='the helper to start')
+        ident, _extra = I.read_identity(child.pid)
+        if ident.uids[1] != 0:
+            pytest.skip('%s is mounted nosuid: the helper did not gain root' % where)
+        assert ident.uids[:3] == (NOBODY, 0, 0)
+        for use_psutil in ((False, True) if processes.load_psutil() is not None else (False,)):
+            rec = processes.ProcessInventory(use_psutil=use_psutil, scan_fds=False).record(child.pid)
+            assert (rec.uid, rec.user) == (NOBODY, 'nobody'), use_psutil
+    finally:
+        child.kill()
+        child.wait(10)
+        shutil.rmtree(where)
 
 
 # ---------------------------------------------------------------------------- reads across a pid reuse
