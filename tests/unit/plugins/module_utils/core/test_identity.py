@@ -167,13 +167,18 @@ def test_directories_are_examined_in_the_processs_own_root(tmp_path):
     assert cache[str(jail) + '/usr/bin'] is True and '/usr/bin' not in cache
 
 
+def _login_defs(directory, name, data, mode=0o644):
+    """A login.defs candidate ``directory/name`` holding ``data`` (text or bytes), with ``mode``."""
+    path = str(directory / name)
+    with open(path, 'wb') as handle:
+        handle.write(data if isinstance(data, bytes) else data.encode())
+    os.chmod(path, mode)
+    return path
+
+
 def test_the_system_uid_boundary(tmp_path):
     def defs(name, text, mode=0o644):
-        path = str(tmp_path / name)
-        with open(path, 'w') as handle:
-            handle.write(text)
-        os.chmod(path, mode)
-        return path
+        return _login_defs(tmp_path, name, text, mode)
 
     trusted = os.geteuid() == 0  # only a root-owned file counts
     assert I.system_uid_max(defs('plain', '# comment\nSYS_UID_MAX\t\t499\n')) == (499 if trusted else 999)
@@ -529,6 +534,19 @@ def test_parse_status_uids_names_what_it_got_instead_of_bytes():
         I.parse_status_uids('Uid:\t0\t0\t0\t0\n')
 
 
+def _record_open_flags(monkeypatch):
+    """The flags of every os.open from now on (a list that fills as the code under test opens files)."""
+    flags = []
+    real_open = os.open
+
+    def recording_open(name, mode, *args):
+        flags.append(mode)
+        return real_open(name, mode, *args)
+
+    monkeypatch.setattr(os, 'open', recording_open)
+    return flags
+
+
 def test_read_bytes_reads_the_whole_file_or_exactly_its_limit(tmp_path, monkeypatch):
     data = bytes(range(256)) * 800   # 204,800 bytes: four reads of 64 KiB
     path = str(tmp_path / 'data')
@@ -540,14 +558,7 @@ def test_read_bytes_reads_the_whole_file_or_exactly_its_limit(tmp_path, monkeypa
     assert I.read_bytes(empty) == b''
     for limit in (10, 65536, 70000, 140000, 204800, 300000):
         assert I.read_bytes(path, limit) == data[:limit], limit
-    flags = []
-    real_open = os.open
-
-    def recording_open(name, mode, *args):
-        flags.append(mode)
-        return real_open(name, mode, *args)
-
-    monkeypatch.setattr(os, 'open', recording_open)
+    flags = _record_open_flags(monkeypatch)
     I.read_bytes(path, 10)
     assert flags and flags[0] & os.O_CLOEXEC   # a descriptor root holds is never inherited by a child it starts
 
@@ -644,11 +655,7 @@ def test_a_status_is_read_only_up_to_its_bound(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason='only a root-owned login.defs counts (root)')
 def test_the_system_uid_boundary_file_is_read_as_far_as_its_bound_and_no_further(tmp_path, monkeypatch):
     def defs(name, data, mode=0o644):
-        path = str(tmp_path / name)
-        with open(path, 'wb') as handle:
-            handle.write(data)
-        os.chmod(path, mode)
-        return path
+        return _login_defs(tmp_path, name, data, mode)
 
     pad = b'#' * 99 + b'\n'
     limit = 1024 * 1024
@@ -660,14 +667,7 @@ def test_the_system_uid_boundary_file_is_read_as_far_as_its_bound_and_no_further
     assert I.system_uid_max(defs('past', head + b'SYS_UID_MAX 500\n' + pad)) == 999
     assert I.system_uid_max(defs('zero', b'SYS_UID_MAX 0\n')) == 0
     assert I.system_uid_max(defs('others-x', b'SYS_UID_MAX 300\n', mode=0o645)) == 300   # others may run it, not write it
-    flags = []
-    real_open = os.open
-
-    def recording_open(name, mode, *args):
-        flags.append(mode)
-        return real_open(name, mode, *args)
-
-    monkeypatch.setattr(os, 'open', recording_open)
+    flags = _record_open_flags(monkeypatch)
     assert I.system_uid_max(defs('flags', b'SYS_UID_MAX 400\n')) == 400
     assert flags[0] & os.O_CLOEXEC and flags[0] & os.O_NOFOLLOW
     monkeypatch.undo()
