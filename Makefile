@@ -69,10 +69,16 @@ sanity: venv collection
 	$(PY) .ci/offline_get_pip.py
 	cd $(COLL) && PATH=$(BIN):$$PATH $(BIN)/ansible-test sanity --local --python 3.11 --color no
 
-# ansible-test passes -r a to pytest (each context's summary names its skips); skip_summary.py adds the total
+# ansible-test passes -r a to pytest (each context's summary names its skips); skip_summary.py adds the total.
+# `make units TEST=tests/unit/path/test_x.py::test_name` runs that one test (or file) with pytest in the same tree.
+TEST ?=
 units: venv collection
+ifneq ($(strip $(TEST)),)
+	cd $(COLL) && PATH=$(BIN):$$PATH PYTHONPATH=$(COLL_ROOT) $(PY) -m pytest -q -rs -p no:cacheprovider $(TEST)
+else
 	cd $(COLL) && rc=0 && { PATH=$(BIN):$$PATH $(BIN)/ansible-test units --local --python 3.11 --color no || rc=$$?; } && \
 	  { $(PY) $(ROOT)/.ci/skip_summary.py units tests/output/junit/*-units.xml || true; } && exit $$rc
+endif
 
 integration: venv collection
 	cd $(COLL) && PATH=$(BIN):$$PATH $(BIN)/ansible-test integration --local --python 3.11 --color no --allow-destructive
@@ -82,7 +88,7 @@ fleet-test: venv sim
 
 # The oldest claimed versions: ansible-core 2.17 on the controller, Python 3.8 on the nodes (own venvs).
 floor: venv collection
-	bash tests/floor/run
+	GPUFLEET_TEST_PYTHON=$(PY) bash tests/floor/run
 
 # ansible-lint resolves gpufleet.reclaim.* through the scratch collection tree.
 lint: venv collection

@@ -14,7 +14,9 @@ Everything here is stdlib only (Python >= 3.8), so any benchmark script can impo
 * ``stats(values)`` / ``fmt(stats)``: median with its spread (min-max) over the runs; ``percentile(values, 0.9)``;
   ``ratios(a, b)``: per-run ratios a[i] / b[i] (figures taken side by side in the same run).
 * ``linear_fit(xs, ys)``: least-squares slope, intercept and R^2 (growth with the work).
-* ``Sleepers(n)``: n cheap host processes (``pause()``) in one process group, torn down by us.
+* ``Sleepers(n)``: n cheap host processes (``pause()``) in one process group, torn down by us;
+  ``resize(n, fds)`` gives the new ones ``fds`` descriptors each (a user's descriptor flood).
+* ``run_isolated(script, argv)``: the benchmark again in a PID namespace of its own (root).
 * ``SimNode``: a simulated GPU node (tests/sim) in a temp dir; ``spawn_many`` starts real workloads.
 * ``Agent``: ``gpufleet-guard`` installed the way the guard role does it, in a temp dir.
 * ``interleaved(commands, names, reps)``: repetitions in a rotating order; ``figures(entries)``.
@@ -266,13 +268,34 @@ def peak_rss_kib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def private_collections():
-    """A private ANSIBLE_COLLECTIONS_PATH that links to this tree (never build/collections: others use it); the
-    caller removes it (shutil.rmtree)."""
+def private_collections(root=ROOT):
+    """A private ANSIBLE_COLLECTIONS_PATH that links to this tree (or to the checkout ``root``; never
+    build/collections: others use it); the caller removes it (shutil.rmtree)."""
     base = tempfile.mkdtemp(prefix='gpufleet-bench-coll-')
     os.makedirs(os.path.join(base, 'ansible_collections', 'gpufleet'))
-    os.symlink(ROOT, os.path.join(base, 'ansible_collections', 'gpufleet', 'reclaim'))
+    os.symlink(root, os.path.join(base, 'ansible_collections', 'gpufleet', 'reclaim'))
     return base
+
+
+ISOLATED = 'GPUFLEET_BENCH_ISOLATED'
+
+
+def isolated():
+    """True inside the PID namespace that ``run_isolated`` made."""
+    return os.environ.get(ISOLATED) == '1'
+
+
+def run_isolated(script, argv):
+    """Run ``script`` with ``argv`` again in a PID (and mount) namespace of its own, when root and util-linux
+    ``unshare`` allow it and we are not in it yet: /proc then shows the processes the benchmark starts and
+    nothing else, and whatever is left in it ends with it.  Returns the exit status, or None when the caller
+    should measure here (not root, no unshare, or isolated already)."""
+    if isolated() or os.geteuid() != 0 or not shutil.which('unshare'):
+        return None
+    env = dict(os.environ, **{ISOLATED: '1'})
+    command = ['unshare', '--pid', '--fork', '--mount', '--mount-proc', '--kill-child=SIGKILL', '--',
+               sys.executable, os.path.abspath(script)] + list(argv)
+    return subprocess.run(command, env=env, check=False).returncode
 
 
 def ansible_bin():
@@ -310,14 +333,18 @@ def process_count(proc_root='/proc'):
 
 # ---------------------------------------------------------------------------- host sleepers
 SLEEPERS_C = r'''
-/* gpufleet benchmark: children that pause() until we go.  Each line "N" on stdin sets how many
- * there are (fork more, or SIGKILL and reap the newest) and answers "ok N".  EOF (our benchmark
- * closed the pipe or died) kills and reaps them all, so nothing is left for init to reap. */
+/* gpufleet benchmark: children that pause() until we go.  Each line "N [F]" on stdin sets how many
+ * there are (fork more, or SIGKILL and reap the newest) and answers "ok N"; the children it forks then
+ * hold F more descriptors each (dup2 of /dev/null onto fds 3..F+2, RLIMIT_NOFILE raised for them as far
+ * as the hard limit, which root may raise to fs.nr_open).  EOF (our benchmark closed the pipe or died)
+ * kills and reaps them all, so nothing is left for init to reap. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -332,7 +359,26 @@ static void shrink(long n) {
     made = n;
 }
 
-static int grow(long n, pid_t parent) {
+static void hold(long fds) {
+    struct rlimit lim;
+    long fd, null;
+    if (fds <= 0) return;
+    if (getrlimit(RLIMIT_NOFILE, &lim) == 0) {
+        rlim_t want = (rlim_t)fds + 3;
+        lim.rlim_cur = lim.rlim_max;
+        if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < want) {
+            struct rlimit more = {want, want};
+            if (setrlimit(RLIMIT_NOFILE, &more) == 0) lim = more;  /* root, with CAP_SYS_RESOURCE */
+        }
+        setrlimit(RLIMIT_NOFILE, &lim);
+    }
+    null = open("/dev/null", O_RDONLY);
+    if (null < 0) return;
+    for (fd = 3; fd < fds + 3; fd++)
+        if (fd != null && dup2((int)null, (int)fd) < 0) break;
+}
+
+static int grow(long n, long fds, pid_t parent) {
     if (n > cap) {
         pid_t *more = realloc(kids, n * sizeof(pid_t));
         if (!more) return -1;
@@ -344,6 +390,7 @@ static int grow(long n, pid_t parent) {
         if (pid == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL);
             if (getppid() != parent) _exit(0);
+            hold(fds);
             for (;;) pause();
         }
         kids[made++] = pid;
@@ -356,9 +403,10 @@ int main(void) {
     pid_t parent = getpid();
     signal(SIGPIPE, SIG_IGN);
     while (fgets(line, sizeof line, stdin)) {
-        long n = atol(line);
+        char *rest;
+        long n = strtol(line, &rest, 10), fds = strtol(rest, NULL, 10);
         if (n < 0) n = 0;
-        if (n < made) shrink(n); else grow(n, parent);
+        if (n < made) shrink(n); else grow(n, fds, parent);
         printf("ok %ld\n", made);
         fflush(stdout);
     }
@@ -389,7 +437,9 @@ class Sleepers(object):
 
     ``resize(n)`` forks more or SIGKILLs (and reaps) the newest; ``stop()`` closes the forker's
     stdin, which ends and reaps every child.  If this Python process dies the pipe closes the same
-    way (and the children have PDEATHSIG).  Each child keeps its three stdio fds (a pipe, /dev/null).
+    way (and the children have PDEATHSIG).  Each child keeps its three stdio fds (a pipe, /dev/null),
+    and the children forked by ``resize(n, fds)`` hold ``fds`` more each (descriptors of /dev/null, as
+    far as RLIMIT_NOFILE lets them: see ``descriptors()``).
     """
 
     def __init__(self, count=0):
@@ -398,9 +448,35 @@ class Sleepers(object):
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         self.resize(count)
 
-    def resize(self, count):
+    def pids(self, proc_root='/proc'):
+        """The pids of the forker's children now (their parent is the forker we started)."""
+        found = []
+        for name in os.listdir(proc_root):
+            if name.isdigit():
+                try:
+                    with open('%s/%s/stat' % (proc_root, name), 'rb') as handle:
+                        ppid = int(handle.read().rsplit(b')', 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                if ppid == self.proc.pid:
+                    found.append(int(name))
+        return sorted(found)
+
+    def descriptors(self, proc_root='/proc'):
+        """How many descriptors the children hold in all (the size of each fd directory: Linux 6.2+; else listed)."""
+        total = 0
+        for pid in self.pids(proc_root):
+            path = '%s/%d/fd' % (proc_root, pid)
+            try:
+                size = os.stat(path).st_size
+                total += size if size else len(os.listdir(path))
+            except OSError:
+                continue
+        return total
+
+    def resize(self, count, fds=0):
         count = max(0, int(count))
-        self.proc.stdin.write(b'%d\n' % count)
+        self.proc.stdin.write(b'%d %d\n' % (count, max(0, int(fds))))
         self.proc.stdin.flush()
         line = self.proc.stdout.readline().decode()
         made = int(line.split()[1]) if line.startswith('ok ') else -1
@@ -682,6 +758,13 @@ def _os_name():
 
 
 # ---------------------------------------------------------------------------- docs
+def md_table(head, rows):
+    """A markdown table of ``head`` and ``rows`` (cells as text)."""
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    lines.extend('| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows)
+    return '\n'.join(lines)
+
+
 def begin_marker(name):
     return '<!-- BEGIN %s (generated: edit outside the markers) -->' % name
 

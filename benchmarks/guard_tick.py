@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -43,7 +41,6 @@ if HERE not in sys.path:
 import common  # noqa: E402 pylint: disable=wrong-import-position
 
 GOAL_CPU_MS = 150.0
-ISOLATED = 'GPUFLEET_BENCH_ISOLATED'
 IMPORT_NOTE = """\
 **Where the time goes** (`python -X importtime`, the fastest of 6 runs, and cProfile of the same
 tick). Imports, about 65-70 ms at a quiet moment (the import figure in the table above is CPU time
@@ -151,7 +148,7 @@ def report(result):
         'kind of rule and finds %s violations each tick. CPU time is user + system from `wait4`; RSS is the peak.'
         % result['violations'],
         'Median and spread (min-max) over %d runs after one warm-up tick%s.' % (
-            result['runs'], ', in a PID namespace of its own' if os.environ.get(ISOLATED) == '1' else ''),
+            result['runs'], ', in a PID namespace of its own' if common.isolated() else ''),
         '',
         '**Machine.** %s. %s, %s vCPUs, %s GiB RAM, %s, Linux %s, Python %s; load average %s while measuring '
         '(the machine was shared with other jobs).' % (
@@ -186,12 +183,11 @@ def main(argv=None):
     parser.add_argument('--no-docs', action='store_true', help='do not update docs/benchmarks.md')
     parser.add_argument('--no-isolate', action='store_true', help='measure in the host PID namespace')
     args = parser.parse_args(argv)
-    if not args.no_isolate and os.environ.get(ISOLATED) != '1' and os.geteuid() == 0 and shutil.which('unshare'):
+    if not args.no_isolate:
         # a PID namespace of our own: /proc then shows the simulated node's processes and nothing else
-        env = dict(os.environ, **{ISOLATED: '1'})
-        command = ['unshare', '--pid', '--fork', '--mount', '--mount-proc', '--kill-child=SIGKILL', '--',
-                   sys.executable, os.path.abspath(__file__)] + list(sys.argv[1:] if argv is None else argv)
-        return subprocess.run(command, env=env, check=False).returncode
+        code = common.run_isolated(__file__, sys.argv[1:] if argv is None else argv)
+        if code is not None:
+            return code
     result = measure(args)
     text = report(result)
     sys.stdout.write(text)

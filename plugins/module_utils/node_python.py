@@ -8,7 +8,8 @@ The gpufleet.reclaim.prereqs role records the interpreter that imports everythin
 in ``/etc/gpufleet/python`` (one line, root:root 0644).  A module whose interpreter lacks a library
 the node needs (psutil always; pynvml where NVIDIA device files exist; amdsmi where ``/dev/kfd``
 exists) calls :func:`respawn_if_needed` right after building its AnsibleModule, and re-runs itself
-under the recorded interpreter with ansible-core's own respawn mechanism, once.
+under the recorded interpreter, once: ansible-core's own respawn payload (the module, its arguments
+and the AnsiballZ zip it runs from), run by that interpreter in isolated mode.
 
 The modules run as root, so the record and the interpreter are trusted only as root's own files:
 the record is read with ``safe_files.read_file`` (no link followed, every directory root's and not
@@ -16,16 +17,25 @@ writable by others, the file not writable by group or others), and the interpret
 followed one at a time under the same checks (``safe_files.resolve_checked``).  When the record is
 missing or refused, the role's default virtual environment is tried under the same checks.  When
 nothing passes, the module runs on where it is, and its backends' warning names the fix.
+
+Every Python that root starts here runs isolated (``python -I``: ``-E`` and ``-s``, and neither the
+working directory nor a script's directory on ``sys.path``), so nothing is imported from the working
+directory (a user's, when Ansible runs from a directory she can write), ``PYTHONPATH`` (or any other
+``PYTHON*`` variable) or a user site-packages (issue #28): the import probe runs that way from ``/``,
+the respawned module that way in the module's own working directory, so that a relative path in its
+options names the same file as before the respawn.
 """
 
 from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 
-from ansible.module_utils.common.respawn import has_respawned, probe_interpreters_for_module, respawn_module
+from ansible.module_utils.common.respawn import has_respawned
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import safe_files
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.backends import PRESENCE_FILES
@@ -41,6 +51,24 @@ VENDOR_MODULES = (('nvidia', 'pynvml'), ('amd', 'amdsmi'))
 # the prereqs role never installs) is missing.  A module respawns for one only when the recorded
 # interpreter has it, and an interpreter without it is no reason to warn.
 OPTIONAL = ('amdsmi',)
+# Isolated mode: no working directory or script directory on sys.path, no PYTHON* variable, no user site.
+ISOLATED = '-I'
+PROBE_TIMEOUT = 60
+# What the probe imports besides the node's libraries: the ansible-core the respawned module will run
+# with, from the AnsiballZ zip of this run (the probe's first argument; empty outside AnsiballZ).
+ANSIBLE_BASIC = 'ansible.module_utils.basic'
+_PROBE = '''
+import importlib, json, sys
+if sys.argv[1]:
+    sys.path.insert(0, sys.argv[1])
+missing = []
+for name in sys.argv[2:]:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        missing.append(name)
+sys.stdout.write("\\n" + json.dumps(missing) + "\\n")
+'''
 
 
 def needed_modules(dev_roots=None):
@@ -116,6 +144,46 @@ def find_interpreter(record=RECORD, default=DEFAULT_INTERPRETER, euid=None):
     return None, notes
 
 
+def probe_missing(interpreter, names, modlib_path=None):
+    """The names among ``names`` that ``interpreter`` cannot import, asked in one isolated run from
+    ``/``; with an AnsiballZ zip (``modlib_path``, default this run's), ANSIBLE_BASIC from it too.
+    An interpreter that does not answer (fails to start, times out, prints no list) lacks them all."""
+    if modlib_path is None:
+        modlib_path = getattr(sys.modules['__main__'], '_modlib_path', '')
+    wanted = list(names) + ([ANSIBLE_BASIC] if modlib_path else [])
+    try:
+        proc = subprocess.run([interpreter, ISOLATED, '-c', _PROBE, modlib_path or ''] + wanted, cwd='/',
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              timeout=PROBE_TIMEOUT, check=False)
+        lines = proc.stdout.decode('utf-8', 'replace').splitlines()
+        missing = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        missing = None
+    if not isinstance(missing, list):
+        return wanted
+    return [name for name in wanted if name in missing]
+
+
+def respawn_payload():
+    """ansible-core's own respawn payload: a script that puts this run's AnsiballZ zip first on
+    sys.path and runs the module with its arguments (``_respawned`` set).  ansible-core 2.19 and
+    later build it in ``_ansiballz._respawn``, 2.17 and 2.18 in ``common.respawn``.  Raises
+    ImportError on an ansible-core that has neither."""
+    # pylint: disable=import-outside-toplevel
+    try:
+        from ansible.module_utils._internal._ansiballz._respawn import create_payload
+    except ImportError:
+        from ansible.module_utils.common.respawn import _create_payload as create_payload
+    return create_payload()
+
+
+def respawn(interpreter, payload):
+    """Run ``payload`` under ``interpreter`` in isolated mode, read from standard input, in this
+    working directory, and exit with its status (ansible-core's respawn_module, with ISOLATED)."""
+    code = subprocess.run([interpreter, ISOLATED, '-'], input=payload.encode('utf-8', 'surrogateescape'), check=False).returncode
+    sys.exit(code)  # pylint: disable=ansible-bad-function
+
+
 def respawn_if_needed(module, record=RECORD, default=DEFAULT_INTERPRETER, dev_roots=None):
     """Call first in main(), once the AnsibleModule is built.  When this interpreter lacks a library
     the node needs and the recorded (or default) interpreter passes the checks, imports one of those
@@ -134,10 +202,14 @@ def respawn_if_needed(module, record=RECORD, default=DEFAULT_INTERPRETER, dev_ro
         return
     interpreter, notes = find_interpreter(record, default)
     if interpreter is not None and os.path.abspath(interpreter) != os.path.abspath(sys.executable):
-        lacking = [name for name in needed if probe_interpreters_for_module([interpreter], name) is None]
+        lacking = probe_missing(interpreter, needed)
         required = [name for name in lacking if name not in OPTIONAL or name not in missing]
         if not required and set(missing) - set(lacking):
-            respawn_module(interpreter)
+            try:
+                respawn(interpreter, respawn_payload())
+            except ImportError:
+                notes.append('the module was not re-run under %s: this ansible-core has no respawn payload the collection knows'
+                             % interpreter)
         if required:
             notes.append('the interpreter %s cannot import %s; run the gpufleet.reclaim.prereqs role again'
                          % (interpreter, ', '.join(required)))

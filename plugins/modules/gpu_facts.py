@@ -260,8 +260,11 @@ ansible_facts:
               sample: [12345]
             xid_events:
               description:
-                - The GPU's most recent Xid errors (at most 32, oldest first) from the kernel log (C(/dev/kmsg), needs root)
-                  and from the driver's event API; V(null) when neither could be read. See the collection's docs/health.md.
+                - The GPU's Xid errors (oldest first) from the kernel log (C(/dev/kmsg), needs root) and from the driver's
+                  event API; V(null) when neither could be read. Only the driver's own records count (the kernel's facility,
+                  the driver's exact prefix, a GPU of this node). At most 32 are kept - per remediation class the newest
+                  (reboot 4, drain 4, reset 8, kill_app 12, none 4), so milder events never push out a severe one. See the
+                  collection's docs/health.md.
                 - Each has C(time) (epoch seconds), C(code), C(pid) and C(name) (the process the kernel line names, else
                   V(null)), C(pci_bus_id), C(message), C(source) (V(kmsg) or V(nvml)), C(fault) (V(application), V(gpu),
                   V(driver), V(system) or V(unknown)) and C(action) (V(none), V(kill_app), V(reset), V(drain) or V(reboot)).
@@ -401,11 +404,26 @@ ansible_facts:
           returned: always
           type: dict
           sample: null
+        holders_incomplete:
+          description:
+            - V(null) when the holder scan read the open files of every process (that it may read); else what its bound
+              left. The scan reads at most 131,072 descriptors and starts no process after 3 s, so that descriptors users
+              open (any user can hold millions) cannot make it run on; the driver's processes are read first, then
+              the others, the largest fd tables left first. A GPU device file held by a process it left is not in
+              RV(ansible_facts.gpu.holders). The task warns with what was left.
+            - C(reason) (C(descriptors), C(large tables) or C(time)), C(processes) (how many were left), C(descriptors) (their open files
+              in all, where known), C(largest) (the largest ten, each C(pid), C(fds), C(user)), C(read) (descriptors
+              read), C(limit) and C(seconds) (the bounds).
+          returned: always
+          type: dict
+          sample: {reason: large tables, processes: 50, descriptors: 999500, read: 612, limit: 131072, seconds: 3.0,
+                   largest: [{pid: 4242, fds: 19990, user: mallory}]}
         holders:
           description:
             - Processes that hold a GPU device file (C(/dev/nvidia*), C(/dev/dri/*), C(/dev/kfd)) open but are not listed
               by the driver, for example forked workers that inherited a CUDA context, or monitoring daemons.
             - Only processes whose open files can be read are seen; run as root to see everyone's.
+            - Within the holder scan's bound; RV(ansible_facts.gpu.holders_incomplete) says what it left.
             - Empty when O(gather_processes=false).
           returned: always
           type: list
@@ -444,6 +462,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.fdwalk import incomplete_text
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import gpu_options, run_module
 
 
@@ -476,6 +495,8 @@ def main():
     snapshot = run_module(module, 'gpu_facts', gather)
     for warning in snapshot.unreadable:
         module.warn(warning)
+    if snapshot.holders_incomplete is not None:
+        module.warn(incomplete_text(snapshot.holders_incomplete))
     facts = snapshot.to_facts()
     if module.params['fail_on_no_gpu'] and not snapshot.all_devices:
         module.fail_json(msg=no_gpu_message(facts), ansible_facts=dict(gpu=facts))

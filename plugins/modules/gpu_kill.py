@@ -365,6 +365,17 @@ unmatched:
     - request: user
       value: nosuchuser
       reason: no user nosuchuser exists on this node (checked with the system user database)
+unchecked:
+  description:
+    - V(null), or the processes of the selection whose open files this run did not read before signalling them, because
+      the check (does the driver's pid hold a GPU device file here, so that it is not another PID namespace's process)
+      reads at most one whole table of the kernel's default C(fs.nr_open) (1,048,576 descriptors) per run. They are in
+      RV(skipped_processes) with the reason; the next run checks them again.
+    - C(reason), C(processes), C(descriptors) (their open files in all, where known), C(largest) (pid and fds of the
+      largest), C(read) (descriptors read), C(limit) and C(seconds) (the bounds).
+  returned: always
+  type: dict
+  sample: null
 freed_mib:
   description: MiB freed per GPU (keys are host-wide GPU indexes as strings), measured through the driver.
   returned: always

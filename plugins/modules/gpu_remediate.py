@@ -17,7 +17,11 @@ description:
     of the ladder in order, each appended with its evidence to the audit log (O(audit_log)).
   - C(kill_application) - an application Xid (13, 31, 43, ...) names the pid of the offending process; that process is
     terminated with the gpu_kill machinery (identity checked before every signal, protected processes never), only if
-    it still runs on that GPU and started before the event.
+    at that moment the driver lists that pid on that GPU, its name is the one the Xid record gives, and it started
+    before the record; otherwise the step reports why and does nothing.
+  - Only the driver's own Xid records count - a kernel-log record of the kernel's facility (a journal entry of the
+    kernel transport) that begins with the driver's prefix, for a GPU of this node; text a user makes the kernel print,
+    or writes to C(/dev/kmsg), changes nothing. See the collection's docs/health.md.
   - C(reset) - GPU Xids (48, 95, 119, ...), orphaned memory above O(orphan_threshold_mib), a health reading or a recovery
     action of C(reset) - a verified reset through gpufleet.reclaim.gpu_reset (every precondition, every blocker named).
   - C(drain) - the node leaves the scheduler with a reason - C(scontrol update nodename=NODE state=drain reason=...)

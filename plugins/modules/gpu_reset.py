@@ -26,6 +26,10 @@ description:
     C(holders/)). A kernel reference refuses the reset with the module and its count, and recommends a reboot
     (RV(resets[].reboot_recommended)), as does a driver recovery action of C(reboot). A GPU with a failed
     precondition is not touched, and its message says what to do; the other GPUs go on.
+  - The scan of every process's open files is bounded (131,072 descriptors and 3 s; the driver's processes first,
+    the largest fd tables left first), so that the descriptors users open cannot make it run on. When it left
+    processes unread, C(blocking_clients) is C(warn) and names the largest of them; it does not refuse (or any user
+    could block every reset), and a holder left unseen makes the driver refuse the reset itself.
   - NVIDIA - C(nvidia-smi --gpu-reset -i <PCI bus id>), with persistence mode switched off for the reset and restored
     afterwards. NVLink and NVSwitch fabric state are checked where the driver exposes them (else reported as
     C(not_exposed)).

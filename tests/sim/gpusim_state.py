@@ -695,19 +695,49 @@ def kmsg_pci(gpu):
     return '%04x:%s:%s' % (int(domain, 16), bus.lower(), rest.split('.')[0].lower())
 
 
-def add_xid(state, gpu, code, pid=None, name=None, message=None, now=None, monotonic=None):
-    """Queue an Xid event for the NVML event API and return the kernel-log record (``/dev/kmsg`` format)."""
-    now = time.time() if now is None else now
-    monotonic = time.monotonic() if monotonic is None else monotonic
+# /dev/kmsg's PRIO field is facility * 8 + level: the kernel's own records have facility 0 (LOG_KERN); a write to
+# /dev/kmsg gets LOG_USER (1) unless it names another facility, never 0.
+KMSG_FACILITIES = {'kern': 0, 'user': 1, 'mail': 2, 'daemon': 3, 'auth': 4, 'syslog': 5, 'lpr': 6, 'news': 7,
+                   'uucp': 8, 'cron': 9, 'authpriv': 10, 'ftp': 11, 'local0': 16, 'local7': 23}
+KMSG_LEVELS = {'emerg': 0, 'alert': 1, 'crit': 2, 'err': 3, 'warning': 4, 'notice': 5, 'info': 6, 'debug': 7}
+
+
+def kmsg_escape(text):
+    """A message as /dev/kmsg prints it: each byte below 0x20, from 0x7f, and the backslash as ``\\xNN``."""
+    data = text.encode('utf-8', 'surrogateescape') if isinstance(text, str) else bytes(text)
+    return ''.join('\\x%02x' % b if b < 0x20 or b >= 0x7f or b == 0x5c else chr(b) for b in data)
+
+
+def kmsg_record(state, message, facility=0, level=4, monotonic=None, usec=None, flags='-'):
+    """One /dev/kmsg record (``PRIO,SEQ,USEC,FLAGS;MESSAGE``, the message escaped as the kernel does), with the
+    node's next sequence number; USEC: microseconds of CLOCK_MONOTONIC (default now)."""
     seq = int(state.get('xid_seq') or 0) + 1
     state['xid_seq'] = seq
-    events = gpu.setdefault('xid_events', [])
-    events.append({'seq': seq, 'time': round(now, 3), 'code': int(code), 'pid': pid})
-    del events[:-MAX_XID_EVENTS]
+    if usec is None:
+        usec = int((time.monotonic() if monotonic is None else monotonic) * 1e6)
+    return '%d,%d,%d,%s;%s' % (facility * 8 + level, seq, usec, flags, kmsg_escape(message))
+
+
+def append_kmsg(state, path, record):
+    """Append ``record`` to the node's fake kernel log (the state's ``kmsg_path``, default next to ``path``)."""
+    kmsg = state.get('kmsg_path') or default_kmsg_path(path)
+    state['kmsg_path'] = kmsg
+    with open(kmsg, 'a') as handle:
+        handle.write(record + '\n')
+
+
+def add_xid(state, gpu, code, pid=None, name=None, message=None, now=None, monotonic=None):
+    """Queue an Xid event for the NVML event API and return the kernel-log record (``/dev/kmsg`` format): what the
+    driver prints (krcReportXid), from the kernel (facility 0, level warning)."""
+    now = time.time() if now is None else now
     who = "pid=%d, name=%s, " % (pid, name or '<unknown>') if pid is not None else "pid='<unknown>', name=<unknown>, "
     text = message or XID_TEXTS.get(int(code), 'simulated Xid %d' % int(code))
     line = 'NVRM: Xid (PCI:%s): %d, %s%s' % (kmsg_pci(gpu), int(code), who, text.replace('\n', ' '))
-    return '4,%d,%d,-;%s' % (seq, int(monotonic * 1e6), line)
+    record = kmsg_record(state, line, monotonic=monotonic)
+    events = gpu.setdefault('xid_events', [])   # the NVML event shares the record's sequence number
+    events.append({'seq': state['xid_seq'], 'time': round(now, 3), 'code': int(code), 'pid': pid})
+    del events[:-MAX_XID_EVENTS]
+    return record
 
 
 # ---------------------------------------------------------------------------

@@ -24,7 +24,8 @@ per line, every DRM key prefixed ``drm-``; numbers may end with a unit.
 
 Utilization needs two readings a short interval apart (``sample_pair``).  Only fds whose link
 target is a DRM device file (``.../dri/renderD*`` or ``.../dri/card*``) are read.  Other users'
-fds need root or CAP_SYS_PTRACE; those processes are counted in ``fds_denied``.
+fds need root or CAP_SYS_PTRACE; those processes are counted in ``fds_denied``.  The walk is bounded (core/fdwalk.py):
+what its bound leaves makes the device's process list incomplete, with the reason.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import time
 from collections import OrderedDict
 
 from .identity import kernel_lines, read_ppid
-from .processes import walk_fd_links
+from .fdwalk import FdBudget, incomplete_text, walk_fd_links
 
 MIB = 1024 * 1024
 MEMORY_CATEGORIES = ('total', 'shared', 'resident', 'purgeable', 'active')
@@ -247,15 +248,16 @@ class ClientScan(object):
     ``taken_at``: the clock reading when the scan finished.
     """
 
-    def __init__(self, clients, fds_denied, taken_at, extra=None):
+    def __init__(self, clients, fds_denied, taken_at, extra=None, incomplete=None):
         self.clients = clients
         self.fds_denied = fds_denied
         self.taken_at = taken_at
         self.extra = extra if extra is not None else {}
+        self.incomplete = incomplete   # None, or what the walk's bound left (fdwalk.FdBudget.incomplete)
 
     @property
     def complete(self):
-        return self.fds_denied == 0
+        return self.fds_denied == 0 and self.incomplete is None
 
 
 def _read(path):
@@ -263,14 +265,16 @@ def _read(path):
         return handle.read().decode('utf-8', 'replace')
 
 
-def scan_clients(proc_root='/proc', drivers=None, exclude=(), clock=time.monotonic):
+def scan_clients(proc_root='/proc', drivers=None, exclude=(), clock=time.monotonic, budget=None):
     """Read the fdinfo of every DRM device fd under ``proc_root``; a ClientScan.  Never raises.
 
-    The fds come from the core's one fd walk (processes.walk_fd_links), in pid order."""
+    The fds come from the core's one fd walk (fdwalk.walk_fd_links, under ``budget``: a default
+    fdwalk.FdBudget when None), in pid order; what its bound left is the scan's ``incomplete``."""
     clients = OrderedDict()
     denied = 0
-    for pid, names, targets, complete in walk_fd_links(proc_root, exclude=exclude, ordered=True):
-        blocked = not complete
+    budget = FdBudget() if budget is None else budget
+    for pid, names, targets, complete in walk_fd_links(proc_root, exclude=exclude, ordered=True, budget=budget):
+        blocked = complete is False
         for fd, target in zip(names, targets):
             if target.endswith(' (deleted)') or not _DRM_LINK_RE.search(target):
                 continue
@@ -294,7 +298,7 @@ def scan_clients(proc_root='/proc', drivers=None, exclude=(), clock=time.monoton
                 clients[key] = client
         if blocked:
             denied += 1
-    return ClientScan(clients, denied, clock())
+    return ClientScan(clients, denied, clock(), incomplete=budget.incomplete())
 
 
 def owner_pid(pids, proc_root='/proc'):
@@ -448,8 +452,11 @@ def note_incomplete(dev, scan):
     if scan.complete:
         return False
     dev.processes_complete = False
-    dev.reading_failed('the GPU clients of every process',
-                       'no permission to read the open files of %d process(es) (run as root)' % scan.fds_denied)
+    if scan.fds_denied:
+        dev.reading_failed('the GPU clients of every process',
+                           'no permission to read the open files of %d process(es) (run as root)' % scan.fds_denied)
+    if scan.incomplete is not None:
+        dev.reading_failed('the GPU clients of every process', incomplete_text(scan.incomplete))
     return True
 
 

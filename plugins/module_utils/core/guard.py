@@ -36,7 +36,7 @@ from .exe_hash import ExeHashes
 # the settings, the lock and the state file live in guard_settings and guard_state; importable from here
 from .guard_settings import DEFAULT_PATHS, SETTINGS_KEYS, Paths, Settings, load_settings  # pylint: disable=unused-import
 from .guard_state import STATE_VERSION, TickLock, load_state, new_state, save_state  # pylint: disable=unused-import
-from .processes import ProcessInventory, match_device, user_uid
+from .processes import ProcessInventory, user_uid
 
 MAX_TRACKED = 10000
 
@@ -174,45 +174,21 @@ def _outcomes(result):
     return out
 
 
-def check_device_files(snapshot, pids, dev_roots=None, proc_root='/proc'):
-    """Read the open files of ``pids`` (listed processes whose files the snapshot did not read).
-
-    The killer skips a listed pid that holds no GPU device file here (the driver's pid may be a
-    process of another PID namespace), so the processes about to be signalled are checked.
-    """
-    for pid in pids:
-        proc = snapshot.process(pid)
-        if proc is None or proc.device_paths is not None or not proc.found:
-            continue
-        fd_dir = '%s/%d/fd' % (proc_root, pid)
-        try:
-            names = os.listdir(fd_dir)
-        except OSError:
-            continue  # gone, or not readable: unknown (None), as a full scan would leave it
-        found = set()
-        for name in names:
-            try:
-                path = match_device(os.readlink('%s/%s' % (fd_dir, name)), dev_roots)
-            except OSError:
-                continue
-            if path is not None:
-                found.add(path)
-        proc.device_paths = sorted(found)
-
-
 def execute(decisions, policy, mode, snapshot, settings, dev_roots=None, journal=None):
-    """Carry out the act decisions (mode enforce) and fill each decision's ``outcome``.
+    """Carry out the act decisions (mode enforce) and fill each decision's ``outcome``; returns how many of the
+    processes about to be signalled were left unsignalled because the check of their open files ran out of its
+    bound (reclaim's ``unchecked``: they are ``skipped`` with the reason, and checked again by the next tick).
 
     ``journal(signal, entries)`` is called right after each group's signals, before the release
     check asks the driver again (see reclaim.reclaim: a crashing vendor library must not lose the
     record of the signals)."""
     acts = [d for d in decisions if d.decision == 'act']
+    unchecked = 0
     if mode != 'enforce':
         for decision in acts:
             decision.outcome = {'result': 'not_enforced', 'why': 'mode %s: logged only, nothing was signalled' % mode,
                                 'would': decision.violation.action, 'pids': list(decision.violation.pids)}
-        return
-    check_device_files(snapshot, sorted(set(pid for d in acts for pid in d.violation.pids)), dev_roots)
+        return unchecked
     groups = {}
     for decision in acts:
         violation = decision.violation
@@ -232,6 +208,7 @@ def execute(decisions, policy, mode, snapshot, settings, dev_roots=None, journal
             hook = None if journal is None else (lambda entries, sig='SIG' + signal_name: journal(sig, entries))
             result = _reclaim_group(pids, signal_name, esc.sigkill_after, names, users, snapshot, settings, dev_roots, hook)
             per_pid = _outcomes(result)
+            unchecked += (result.get('unchecked') or {}).get('processes', 0)
             error = None
         except GpuFleetError as exc:
             per_pid, error, result = {}, str(exc), {}
@@ -243,6 +220,7 @@ def execute(decisions, policy, mode, snapshot, settings, dev_roots=None, journal
                                 'freed_mib': result.get('freed_mib'), 'unreleased': result.get('unreleased') or []}
             if error:
                 decision.outcome['error'] = error
+    return unchecked
 
 
 def notify_users(decisions, policy, mode, host, settings, patterns):
@@ -529,7 +507,7 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
             from .snapshot import take_snapshot  # pylint: disable=import-outside-toplevel
         # /proc read directly (a fraction of psutil's cost per process; the agent needs no psutil), and
         # no scan of every process's open files: policies concern the processes the driver lists, and
-        # the few that are about to be signalled get their files checked in execute()
+        # the few that are about to be signalled get their files checked by reclaim.plan (processes.check_device_holding)
         inventory = ProcessInventory(dev_roots=dev_roots, use_psutil=False, scan_fds=False)
         try:
             snapshot = take_snapshot(vendor=settings.vendor, gather_processes=True, dev_roots=dev_roots, inventory=inventory,
@@ -564,7 +542,11 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         def journal(signal_name, entries):
             _log(paths, {'event': 'guard_signalled', 'tick': tick_id, 'host': host, 'mode': mode, 'signal': signal_name,
                          'policy_sha256': policy.sha256, 'signalled': entries}, warnings)
-        execute(decisions, policy, mode, snapshot, settings, dev_roots, journal)
+        unchecked = execute(decisions, policy, mode, snapshot, settings, dev_roots, journal)
+        if unchecked:
+            summary['unchecked_processes'] = unchecked
+            warnings.append('%d process(es) about to be signalled hold more open files than one tick reads: not signalled '
+                            'by this tick (docs/guard.md, "Bounded work")' % unchecked)
         failures = notify_users(decisions, policy, mode, host, settings, patterns)
         for channel, amount in failures.items():
             _count(counters, 'notify_failures', channel, amount)
@@ -612,7 +594,8 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
         except OSError as exc:
             warnings.append('could not save the state %s: %s' % (paths.state, exc.strerror or exc))
             summary['rc'] = 1
-        tick = {'time': now, 'duration': time.time() - wall0, 'cpu': time.process_time() - cpu0}
+        tick = {'time': now, 'duration': time.time() - wall0, 'cpu': time.process_time() - cpu0,
+                'unchecked': summary.get('unchecked_processes', 0)}
         _write_metrics(paths, snapshot, violations, counters, tick, mode, True, policy.enabled, warnings,
                        reboot_flagged=_reboot_flagged(policy), rogue_findings=context.rogue_findings if policy.rogue.enabled else None)
     summary['duration'] = round(time.time() - wall0, 3)

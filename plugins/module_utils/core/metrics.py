@@ -18,9 +18,10 @@ import math
 
 from .constants import MODES, ROGUE_LEVELS
 from .model import HEALTH_STATUSES, RECOVERY_ACTIONS
+from .xid import classify
 
-XID_HELP = ('Xid errors of the GPU in the kernel log and driver events (its most recent 32), per Xid code and fault class '
-            '(application, gpu, driver, system, unknown: core/xid.py)')
+XID_HELP = ('Xid errors of the GPU the driver reported (kernel log and driver events: every one read), per Xid code and fault '
+            'class (application, gpu, driver, system, unknown: core/xid.py)')
 ROGUE_HELP = 'Processes the rogue detector found at each level in the last tick (allowlisted ones left out)'
 UNTRUSTED_HELP = '1 when the last tick refused to act on untrusted input (a file or directory someone else could change)'
 
@@ -84,14 +85,10 @@ class Metrics(object):
 def _health_metrics(out, dev, labels, reboot_flagged):
     """Health figures of one GPU: Xid errors by code, the driver's recovery action, whether a reboot is wanted
     (health says so, or the remediation ladder's reboot flag names the GPU: ``reboot_flagged``, GPU keys)."""
-    codes = {}
-    for event in dev.xid_events or ():
-        key = (event.code, event.fault or 'unknown')
-        codes[key] = codes.get(key, 0) + 1
     if dev.xid_events is not None:
         out.family('gpufleet_gpu_xid_errors', 'gauge', XID_HELP)
-    for code, fault in sorted(codes):
-        out.add('gpufleet_gpu_xid_errors', 'gauge', XID_HELP, codes[(code, fault)], dict(labels, code=code, fault=fault))
+    for code, number in sorted(dev.xid_code_counts().items()):
+        out.add('gpufleet_gpu_xid_errors', 'gauge', XID_HELP, number, dict(labels, code=code, fault=classify(code)[1]))
     if dev.recovery_action is not None:
         for action in RECOVERY_ACTIONS:
             out.add('gpufleet_gpu_recovery_action', 'gauge', "The driver's GPU recovery action (1 for the current one)",
@@ -159,6 +156,8 @@ def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=N
     out.add('gpufleet_guard_last_tick_timestamp_seconds', 'gauge', 'When the last tick ran (Unix time)', tick.get('time'))
     out.add('gpufleet_guard_tick_duration_seconds', 'gauge', 'Wall-clock duration of the last tick', tick.get('duration'))
     out.add('gpufleet_guard_tick_cpu_seconds', 'gauge', 'CPU time of the last tick', tick.get('cpu'))
+    out.add('gpufleet_guard_unchecked_processes', 'gauge', 'Processes the last tick did not signal because the check of '
+            'their open files ran out of its bound (more than one tick reads)', tick.get('unchecked') or 0)
     out.add('gpufleet_guard_policy_valid', 'gauge', '1 when the policy file was valid at the last tick', bool(policy_valid))
     out.add('gpufleet_guard_enabled', 'gauge', '1 when the policy is enabled', bool(enabled))
     out.add('gpufleet_guard_untrusted_input', 'gauge', UNTRUSTED_HELP, bool(untrusted))

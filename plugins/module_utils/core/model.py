@@ -24,8 +24,14 @@ RECOMMENDED_ACTIONS = ('none', 'reset', 'reboot', 'drain')
 # NVML_GPU_RECOVERY_ACTION_* value of nvml.h (0..4 since R550; 5..7 in newer headers).
 RECOVERY_ACTIONS = ('none', 'reset', 'reboot', 'drain_p2p', 'drain_and_reset', 'recover_imex_domain', 'bus_reset',
                     'system_reboot')
-# Xid events kept per device (the most recent ones).
-MAX_XID_EVENTS = 32
+# Xid events a device keeps, per class of the step the Xid table calls for (an application Xid that names no pid
+# calls for nothing): the newest of each class, and no class makes room for another, so a flood of milder events
+# never pushes out a reset, drain or reboot (docs/health.md, "Inputs").  ``xid_counts`` counts every event read.
+XID_KEEP = {'reboot': 4, 'drain': 4, 'reset': 8, 'kill_app': 12, 'none': 4}
+MAX_XID_EVENTS = sum(XID_KEEP.values())
+MAX_XID_CODES = 256          # distinct Xid codes counted per device (the driver's catalogue has fewer)
+# An NVML event and a kernel-log record of the same Xid code on one GPU this close in time are one event.
+XID_SAME_EVENT_S = 10.0
 NOT_FOUND = 'not_found'
 # MiB per listed process that a vendor's driver uses for the context and charges to no process;
 # unattributed memory up to this allowance is bookkeeping, not orphaned.  Measured on an NVIDIA H200
@@ -185,6 +191,55 @@ class XidEvent(_Record):
 
     def to_dict(self):
         return dict((name, getattr(self, name)) for name in self._fields)
+
+
+def xid_class(event):
+    """The class an XidEvent is kept in (XID_KEEP): the action of its code; an application Xid without a pid: none."""
+    action = event.action if event.action in XID_KEEP else 'none'
+    return 'none' if action == 'kill_app' and event.pid is None else action
+
+
+def _xid_order(event):
+    return (event.time is None, event.time or 0)
+
+
+def _same_xid(events, event):
+    """The kept event that ``event`` reports again, or None: the same kernel record (source, stamp, code, pid), or an
+    NVML event and a kernel-log record of the same code at most XID_SAME_EVENT_S apart."""
+    stamp = getattr(event, 'stamp', None)
+    for kept in events:
+        if kept.code != event.code:
+            continue
+        if stamp is not None and (kept.source, getattr(kept, 'stamp', None), kept.pid) == (event.source, stamp, event.pid):
+            return kept
+        if {kept.source, event.source} == {'nvml', 'kmsg'} and kept.time is not None and event.time is not None \
+                and abs(kept.time - event.time) <= XID_SAME_EVENT_S:
+            return kept
+    return None
+
+
+def keep_xid_event(events, counts, event):
+    """Add ``event`` to ``events`` (one GPU's kept XidEvents, oldest first) by the rule of XID_KEEP, and count it in
+    ``counts`` ({code: n}; None: not counted).  Returns ``same`` when it reports a kept event again (one event: the
+    kernel-log record stays, as it names the pid and carries the kernel's stamp), ``kept``, or ``dropped`` (counted,
+    but the newer events of its class keep their places).  At most MAX_XID_EVENTS + 1 events are looked at."""
+    same = _same_xid(events, event)
+    if same is not None:
+        if same.source != 'nvml' or event.source == 'nvml':
+            return 'same'
+        del events[[id(kept) for kept in events].index(id(same))]
+    elif counts is not None and (event.code in counts or len(counts) < MAX_XID_CODES):
+        counts[event.code] = counts.get(event.code, 0) + 1
+    order = _xid_order(event)
+    at = len(events)
+    while at and _xid_order(events[at - 1]) > order:
+        at -= 1
+    events.insert(at, event)
+    cls = xid_class(event)
+    mine = [i for i, kept in enumerate(events) if xid_class(kept) == cls]
+    if len(mine) > XID_KEEP[cls] and events.pop(mine[0]) is event and same is None:
+        return 'dropped'
+    return 'same' if same is not None else 'kept'
 
 
 class DriverProcess(_Record):
@@ -347,7 +402,8 @@ class Device(_Record):
     process list could not be read (no permission, lost GPU, error): the pids in driver_processes
     are then incomplete and orphaned memory cannot be computed.  ``mig_mode``: True/False, None when
     the driver cannot tell.  ``mig_devices``: the MigDevices of a board in MIG mode ([] when it has
-    none), None when MIG is off or unknown.
+    none), None when MIG is off or unknown.  ``xid_events``: the Xid events kept by the rule of XID_KEEP
+    (add_xid_event); ``xid_counts``: {code: n} of every Xid event read, kept or not (not a fact).
     """
 
     _fields = ('vendor', 'vendor_index', 'index', 'uuid', 'name', 'pci_bus_id', 'minor',
@@ -355,7 +411,7 @@ class Device(_Record):
                'memory_api', 'utilization_pct', 'memory_utilization_pct', 'temperature_c',
                'power_w', 'power_limit_w', 'fan_pct', 'persistence_mode', 'mig_mode',
                'ecc_uncorrected_volatile', 'orphaned_mib', 'health', 'driver_processes',
-               'processes_complete', 'errors', 'xid_events', 'recovery_action', 'mig_devices')
+               'processes_complete', 'errors', 'xid_events', 'recovery_action', 'mig_devices', 'xid_counts')
     _required = ('vendor', 'vendor_index')
     _defaults = {'processes_complete': True}
     _factories = {'health': Health, 'driver_processes': list, 'errors': list}
@@ -367,14 +423,39 @@ class Device(_Record):
         return self.uuid or self.pci_bus_id or 'index:%s' % self.index
 
     def add_xid_event(self, event):
-        """Keep ``event`` (an XidEvent) among the device's most recent MAX_XID_EVENTS, oldest first.
-
-        ``xid_events`` stays None until some source could tell (None: nothing could be read)."""
+        """Keep ``event`` (an XidEvent) by the rule of XID_KEEP (``xid_events``, oldest first) and count it
+        (``xid_counts``).  ``xid_events`` stays None until some source could tell (None: nothing could be read)."""
         if self.xid_events is None:
             self.xid_events = []
-        self.xid_events.append(event)
-        self.xid_events.sort(key=lambda e: (e.time is None, e.time or 0))
-        del self.xid_events[:-MAX_XID_EVENTS]
+        if self.xid_counts is None:
+            self.xid_counts = {}
+        return keep_xid_event(self.xid_events, self.xid_counts, event)
+
+    def add_xid_events(self, events, counts):
+        """Add what one read of the kernel log kept for this GPU: its events (each by add_xid_event's rule) and
+        ``counts`` ({code: n}: every event read, kept or not; one that reports a kept event again counts once)."""
+        if self.xid_events is None:
+            self.xid_events = []
+        if self.xid_counts is None:
+            self.xid_counts = {}
+        counts = dict(counts)
+        for event in events:
+            if keep_xid_event(self.xid_events, None, event) == 'same':
+                counts[event.code] = counts.get(event.code, 1) - 1
+        for code, number in counts.items():
+            if number > 0 and (code in self.xid_counts or len(self.xid_counts) < MAX_XID_CODES):
+                self.xid_counts[code] = self.xid_counts.get(code, 0) + number
+
+    def xid_code_counts(self):
+        """{code: n}: the Xid events of each code read for this GPU (``xid_counts``), and at least as many as
+        ``xid_events`` keeps of it (a list set without counts); {} when no source could tell."""
+        counts = dict(self.xid_counts or {})
+        kept = {}
+        for event in self.xid_events or ():
+            kept[event.code] = kept.get(event.code, 0) + 1
+        for code, number in kept.items():
+            counts[code] = max(counts.get(code, 0), number)
+        return counts
 
     def add_driver_process(self, pid, used_mib, ptype):
         return add_driver_process(self.driver_processes, pid, used_mib, ptype)

@@ -5,10 +5,11 @@
 # This file is part of the PRIVATE core of the gpufleet.reclaim collection. It can change at any time.
 """The host side of a snapshot: who the GPU pids are, and who else holds GPU device files.
 
-One ``ProcessInventory.scan()`` walks the process table once: it lists ``<proc_root>`` and reads
-every process's ``fd`` links (the ``fuser /dev/nvidia*`` scan; other users' fds need root or
-CAP_SYS_PTRACE, and processes vanish mid-scan), then reads owner, command line, state and cgroup
-(container, Kubernetes pod, Slurm job) for the pids the driver listed and for the fd holders.
+One ``ProcessInventory.scan()`` walks the process table once: it reads the ``fd`` links of the pids
+the driver listed, then of every other process (the ``fuser /dev/nvidia*`` scan; other users' fds need
+root or CAP_SYS_PTRACE, and processes vanish mid-scan), under one bound whatever users hold
+(core/fdwalk.py: what it left is the result's ``incomplete``), then reads owner, command line, state
+and cgroup (container, Kubernetes pod, Slurm job) for the pids the driver listed and for the fd holders.
 Records come from the /proc files directly, each read once (psutil read most of them a second time
 and cost more than NVML itself; ``use_psutil=True`` still selects it).
 
@@ -31,6 +32,8 @@ except ImportError:  # not a Unix: user names are shown as uids
 
 from .identity import kernel_lines, read_bytes as _read_bytes, read_identity
 from .identity import parse_stat, read_starttime  # pylint: disable=unused-import  # importable from here too
+from . import fdwalk
+from .fdwalk import walk_fd_links
 from .model import NOT_FOUND, ContainerInfo, Holder, ProcessRecord
 
 # psutil is imported on first use, not at load: the guard agent reads /proc itself and never needs
@@ -63,7 +66,6 @@ def __getattr__(name):
 
 
 DEFAULT_DEV_ROOTS = ('/dev',)
-_O_CLOEXEC = getattr(os, 'O_CLOEXEC', 0)
 
 # Device files, relative to a device root, that give access to a GPU.
 DEVICE_RE = re.compile(
@@ -253,13 +255,7 @@ def resolve_dev_roots(dev_roots):
 
 def match_device(target, dev_roots=None):
     """Return ``target`` (an fd link target) if it is a GPU device file under one of ``dev_roots``."""
-    if target.endswith(' (deleted)'):
-        return None
-    for root in resolve_dev_roots(dev_roots):
-        prefix = root.rstrip('/') + '/'
-        if target.startswith(prefix) and DEVICE_RE.match(target[len(prefix):]):
-            return target
-    return None
+    return target if _device_matcher(dev_roots)[1](target) else None
 
 
 def device_key(path, dev_roots=None):
@@ -277,161 +273,67 @@ def device_key(path, dev_roots=None):
     return None
 
 
-# fd names for the counted walk below: "0" .. "255"
-_FD_NAMES = tuple(str(fd) for fd in range(256))
-# how many absent fd numbers the counted walk tries past before it lists the directory
-_FD_GAPS = 4
-
-
-def fd_dirs_report_counts(proc_root='/proc'):
-    """True when ``stat()`` of ``<proc_root>/PID/fd`` gives the number of open fds as its size
-    (procfs since Linux 6.2); checked on our own fd directory.  False for fixture trees and older
-    kernels (their size is 0, or a directory's size)."""
-    path = os.path.join(proc_root, 'self', 'fd')
-    try:
-        count = os.stat(path).st_size
-        names = os.listdir(path)  # includes the fd listdir itself opens
-    except OSError:
-        return False
-    return count > 0 and len(names) in (count, count + 1)
-
-
-def walk_fd_links(proc_root='/proc', pids=None, exclude=(), ordered=False):
-    """Walk ``<proc_root>/*/fd`` once (only the fds of ``pids`` when given): the one fd walk of the
-    core (the holder scan below, and the DRM client scan in drm_fdinfo).
-
-    Yields ``(pid, names, targets, complete)`` for every process whose fd directory exists: the fd
-    names and their link targets (parallel sequences), and whether every link could be read
-    (False, with nothing read, when the directory itself is denied).  Processes that vanish
-    mid-walk are skipped; ``ordered``: in ascending pid order.
-
-    The hot loop of a full snapshot (10,000 processes, ~30,000 fds), nearly all of it kernel time,
-    so it makes as few system calls as it can: links are read relative to one open ``proc_root``
-    (no path walk from /), and where procfs reports the number of open fds as the fd directory's
-    size (Linux 6.2+) a process whose fds are 0..N-1, as most are, costs one stat and N readlinks
-    instead of an open, a stat, two getdents, a close and the N readlinks.  A few gaps in the numbers
-    (a GPU process's closed set-up fds) cost a failed readlink each: the walk goes on until it has
-    read N links; after _FD_GAPS absent numbers, or when a link is denied, the directory is listed and
-    only the fds not read yet are read.
-    """
-    exclude = set(exclude)
-    readlink, stat = os.readlink, os.stat   # locals: this loop runs for every process
-    try:
-        proc_fd = os.open(proc_root, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        if pids is not None:
-            entries = [str(int(pid)) for pid in pids if int(pid) >= 0]
-        else:
-            try:
-                entries = [e for e in os.listdir(proc_fd) if e.isdigit()]
-            except OSError:
-                return
-        if ordered:
-            entries.sort(key=int)
-        counted = fd_dirs_report_counts(proc_root)
-        for entry in entries:   # digits only (listed so, or made from numbers)
-            pid = int(entry)
-            if pid in exclude:
-                continue
-            fd_dir = entry + '/fd/'
-            targets, names = [], ()
-            if counted:
-                try:
-                    count = stat(fd_dir, dir_fd=proc_fd).st_size
-                except OSError:  # gone (or not a process)
-                    continue
-                if count <= len(_FD_NAMES):
-                    try:
-                        for name in _FD_NAMES[:count]:
-                            targets.append(readlink(fd_dir + name, dir_fd=proc_fd))
-                    except PermissionError:  # list them: the listing tells a denied directory
-                        names = _FD_NAMES[:len(targets)]
-                    except OSError:  # a gap in the fd numbers, or a closed fd: read on past it
-                        names = _read_past_gaps(readlink, fd_dir, proc_fd, count, targets)
-                    else:
-                        names = _FD_NAMES[:count]
-                    if len(targets) == count:
-                        yield pid, names, targets, True
-                        continue
-            try:
-                listed = os.listdir(os.path.join(proc_root, entry, 'fd'))
-            except PermissionError:
-                yield pid, (), (), False
-                continue
-            except OSError:  # gone (FileNotFoundError, ProcessLookupError) or not a process
-                continue
-            # the fds read above are read already: read only the others
-            names, complete = list(names), True
-            done = frozenset(names)
-            for name in listed:
-                if name in done:
-                    continue
-                try:
-                    targets.append(readlink(fd_dir + name, dir_fd=proc_fd))
-                except PermissionError:
-                    complete = False
-                    continue
-                except OSError:  # the fd was closed meanwhile
-                    continue
-                names.append(name)
-            yield pid, names, targets, complete
-    finally:
-        os.close(proc_fd)
-
-
-def _read_past_gaps(readlink, fd_dir, proc_fd, count, targets):
-    """walk_fd_links after a failed readlink of fd ``len(targets)``: the links of the next fd numbers into
-    ``targets`` until ``count`` are read, at most _FD_GAPS absent numbers, or a denied link; the names read."""
-    names = list(_FD_NAMES[:len(targets)])
-    gaps = 1
-    for name in _FD_NAMES[len(targets) + 1:]:
-        if len(targets) == count:
-            break
-        try:
-            targets.append(readlink(fd_dir + name, dir_fd=proc_fd))
-        except PermissionError:
-            break
-        except OSError:
-            gaps += 1
-            if gaps > _FD_GAPS:
-                break
-            continue
-        names.append(name)
-    return names
-
-
-def scan_device_fds(proc_root='/proc', dev_roots=None, exclude=(), pids=None):
-    """The processes holding GPU device files: one ``walk_fd_links`` (only the fds of ``pids`` when given).
+def scan_device_fds(proc_root='/proc', dev_roots=None, exclude=(), pids=None, budget=None):
+    """The processes holding GPU device files: one ``fdwalk.walk_fd_links`` under ``budget`` (a default
+    fdwalk.FdBudget when None; only the fds of ``pids`` when given, first in its claim).
 
     Returns (holders: {pid: sorted device paths}, readable: set of pids whose fds were read,
-    denied: number of processes whose fds we may not read).  Link targets are rejected on their
-    first characters before any regular expression runs.
+    denied: number of processes whose fds we may not read).  A process the budget cut or left is in
+    neither set but in ``budget.unread`` (what a cut table showed is a holder's all the same).  Link
+    targets are rejected on their first characters before any regular expression runs.
     """
     holders = {}
     readable = set()
     denied = 0
-    prefixes = tuple(root.rstrip('/') + '/' for root in resolve_dev_roots(dev_roots))
-    device_re_match = DEVICE_RE.match
-    for pid, _names, targets, complete in walk_fd_links(proc_root, pids, exclude):
+    prefixes, device_file = _device_matcher(dev_roots)
+    for pid, _names, targets, complete in walk_fd_links(proc_root, pids, exclude, budget=budget):
         if complete:
             readable.add(pid)
-        else:
+        elif complete is False:
             denied += 1
         found = None
         for target in targets:
-            if not target.startswith(prefixes) or target.endswith(' (deleted)'):
-                continue
-            for prefix in prefixes:
-                if target.startswith(prefix) and device_re_match(target[len(prefix):]):
-                    if found is None:
-                        found = set()
-                    found.add(target)
-                    break
+            if target.startswith(prefixes) and device_file(target):
+                if found is None:
+                    found = set()
+                found.add(target)
         if found:
             holders[pid] = sorted(found)
     return holders, readable, denied
+
+
+def _device_matcher(dev_roots):
+    """(the prefixes of ``dev_roots``, a test of one link target: is it a GPU device file under them?); the test
+    rejects on the first characters before any regular expression runs (the hot loop of the holder scan)."""
+    prefixes = tuple(root.rstrip('/') + '/' for root in resolve_dev_roots(dev_roots))
+    device_re_match = DEVICE_RE.match
+
+    def device_file(target):
+        if not target.startswith(prefixes) or target.endswith(' (deleted)'):
+            return False
+        for prefix in prefixes:
+            if target.startswith(prefix) and device_re_match(target[len(prefix):]):
+                return True
+        return False
+    return prefixes, device_file
+
+
+def check_device_holding(procs, proc_root='/proc', dev_roots=None, budget=None):
+    """Whether each listed process of ``procs`` whose open files were not read (``device_paths`` None) holds a GPU
+    device file here: its fds are read now, up to the first one (fdwalk.walk_fd_links ``until``) under ``budget``
+    (default: fdwalk.VICTIM_DESCRIPTORS, no deadline), and ``device_paths`` is set to that file ([] for none).
+    It stays None when the fds may not be read, or when the budget ran out first: those pids are returned.
+
+    The processes about to be signalled (T3: a listed pid that holds no GPU device file here may be another PID
+    namespace's); the first one's whole table always fits (at most fs.nr_open fds by default)."""
+    budget = fdwalk.FdBudget(descriptors=fdwalk.VICTIM_DESCRIPTORS, seconds=None) if budget is None else budget
+    wanted = dict((proc.pid, proc) for proc in procs if proc.device_paths is None and proc.found)
+    device_file = _device_matcher(dev_roots)[1]
+    for pid, _names, targets, complete in walk_fd_links(proc_root, sorted(wanted), budget=budget, until=device_file):
+        found = [target for target in targets if device_file(target)]
+        if found or complete:
+            wanted[pid].device_paths = found[:1]
+    return sorted(pid for pid in budget.unread if pid in wanted and wanted[pid].device_paths is None)
 
 
 SCHEDULER_DAEMONS = ('slurmd', 'kubelet')
@@ -556,12 +458,13 @@ def read_proc_files(pid, proc_root='/proc', cmdline_limit=None, dir_cache=None):
 class InventoryResult(object):
     """The outcome of one scan: records for the wanted pids and every fd holder."""
 
-    def __init__(self, records, fd_holders, readable, fds_denied, errors=None):
+    def __init__(self, records, fd_holders, readable, fds_denied, errors=None, incomplete=None):
         self.records = records            # pid -> ProcessRecord
         self.fd_holders = fd_holders      # pid -> sorted device paths
         self.readable = readable          # pids whose fds were fully read
         self.fds_denied = fds_denied      # processes whose fds we could not read
         self.errors = list(errors or [])
+        self.incomplete = incomplete      # None, or what the fd walk's budget left (fdwalk.FdBudget.incomplete, with users)
 
     def record(self, pid):
         """The ProcessRecord of ``pid`` (status ``not_found`` if this host does not see it)."""
@@ -589,6 +492,7 @@ class ProcessInventory(object):
     ``exclude_pids``: never reported as holders (default: this process).
     ``scan_holders``: walk every process's fds to find holders the driver does not list; when
     False only the wanted pids' fds are read (their ``device_paths``), which is much cheaper.
+    ``fd_budget``: makes the fdwalk.FdBudget of one scan (a test seam; default: fdwalk's bounds).
     """
 
     # No 'uids' or 'username': the owner comes from identity.read_identity (psutil's status parser
@@ -596,7 +500,7 @@ class ProcessInventory(object):
     PSUTIL_ATTRS = ('pid', 'ppid', 'name', 'exe', 'cmdline', 'create_time', 'status')
 
     def __init__(self, dev_roots=None, proc_root='/proc', use_psutil=None, exclude_pids=None, scan_fds=True,
-                 scan_holders=True, cgroup_root=DEFAULT_CGROUP_ROOT):
+                 scan_holders=True, cgroup_root=DEFAULT_CGROUP_ROOT, fd_budget=None):
         self.dev_roots = resolve_dev_roots(dev_roots)
         self.proc_root = proc_root
         self.cgroup_trust = CgroupTrust(cgroup_root)
@@ -606,20 +510,28 @@ class ProcessInventory(object):
         self.exclude_pids = set(exclude_pids) if exclude_pids is not None else {os.getpid()}
         self.scan_fds = scan_fds
         self.scan_holders = scan_holders
+        self.fd_budget = fd_budget or fdwalk.FdBudget
         self._btime = None
         self._ticks = 100.0
         self._users = {}          # uid -> login name: one passwd lookup per user, not per process
         self._dirs = {}           # directory -> writable by a user (identity.dirs_writable), per inventory
 
     def scan(self, pids=()):
-        """One pass: fd scan of every process, then records for ``pids`` and every holder."""
+        """One pass: the fds of ``pids`` (the driver's) first, then of every other process, under one budget
+        (``self.fd_budget()``: fdwalk.FdBudget), then records for ``pids`` and every holder."""
         errors = []
         self.cgroup_trust.clear()
+        fd_holders, readable, denied, budget = {}, set(), 0, None
         if self.scan_fds:
-            only = None if self.scan_holders else pids
-            fd_holders, readable, denied = scan_device_fds(self.proc_root, self.dev_roots, self.exclude_pids, only)
-        else:
-            fd_holders, readable, denied = {}, set(), 0
+            budget = self.fd_budget()
+            listed = sorted(set(int(p) for p in pids))
+            fd_holders, readable, denied = scan_device_fds(self.proc_root, self.dev_roots, self.exclude_pids, listed, budget)
+            if self.scan_holders:
+                more, more_readable, more_denied = scan_device_fds(self.proc_root, self.dev_roots,
+                                                                   self.exclude_pids | set(listed), None, budget)
+                fd_holders.update(more)
+                readable |= more_readable
+                denied += more_denied
         wanted = set(int(p) for p in pids) | set(fd_holders)
         records = {}
         for pid in sorted(wanted):
@@ -634,7 +546,15 @@ class ProcessInventory(object):
                 elif pid in fd_holders:
                     rec.device_paths = list(fd_holders[pid])
             records[pid] = rec
-        return InventoryResult(records, fd_holders, readable, denied, errors)
+        return InventoryResult(records, fd_holders, readable, denied, errors, self._incomplete(budget))
+
+    def _incomplete(self, budget):
+        """budget.incomplete() with the owner of each process it names (None when the walk read everything)."""
+        found = budget.incomplete() if budget is not None else None
+        for entry in (found or {}).get('largest', ()):
+            ident, _extra = read_identity(entry['pid'], self.proc_root)
+            entry['user'] = self._user(ident.uid) if ident is not None else None
+        return found
 
     # ------------------------------------------------------------------ one record
     def record(self, pid):

@@ -16,10 +16,11 @@ import os
 import signal as signals
 import time
 
-from . import audit_log, killer, notify, watchdog
+from . import audit_log, fdwalk, killer, notify, watchdog
 from .backends import VENDORS, select as select_backends, vendor_backend
 from .errors import HistoryError, InvalidArgument
-from .processes import device_key, resolve_dev_roots, scan_device_fds, user_uid
+from .fdwalk import FdBudget, incomplete_text
+from .processes import check_device_holding, device_key, resolve_dev_roots, scan_device_fds, user_uid
 from .snapshot import device_gpus, take_snapshot
 
 SIGNALS = ('TERM', 'INT', 'HUP', 'QUIT', 'KILL', 'USR1', 'USR2')
@@ -98,6 +99,7 @@ class Plan(object):
         self.skipped = []
         self.left_children = []
         self.unmatched = []
+        self.unchecked = None   # the listed processes whose open files the check before signalling left (FdBudget.incomplete)
 
     @property
     def would_signal(self):
@@ -108,6 +110,7 @@ def plan(snapshot, selector, options, protection, idle_since=None, now=None, pro
     """Decide, without signalling: selection, then identity and protection for each match."""
     result = Plan()
     chosen = {}
+    fd_check = FdBudget(descriptors=fdwalk.VICTIM_DESCRIPTORS, seconds=None)   # the listed processes whose files the snapshot did not read
     matches = selector.select(snapshot, idle_since=idle_since, now=now)
     result.unmatched = unmatched_requests(snapshot, selector, matches, protection, proc_root)
     for match in matches:
@@ -135,6 +138,12 @@ def plan(snapshot, selector, options, protection, idle_since=None, now=None, pro
             result.skipped.append(_skip(record, 'pid %d was selected as uid %d\'s but is now owned by uid %s: not signalled' % (
                 proc.pid, proc.uid, 'unknown' if info.uid is None else info.uid)))
             continue
+        if not match.orphan and proc.device_paths is None and check_device_holding([proc], proc_root, dev_roots, fd_check):
+            result.skipped.append(_skip(record, 'pid %d holds more open files than this run reads (%d in all, the first '
+                                                'processes\' whole tables first): whether it holds a GPU device file here '
+                                                '(and so is the driver\'s pid %d, not another PID namespace\'s) is not known: '
+                                                'not signalled in this run' % (proc.pid, fd_check.limit, proc.pid)))
+            continue
         if not match.orphan and getattr(proc, 'holds_gpu_device', None) is False:
             result.skipped.append(_skip(record, 'pid %d here holds no GPU device file, so the driver\'s pid %d is probably a '
                                                 'process in another PID namespace: not signalled' % (proc.pid, proc.pid)))
@@ -146,6 +155,7 @@ def plan(snapshot, selector, options, protection, idle_since=None, now=None, pro
         victim = killer.Victim(proc.pid, info.starttime, record=record)
         result.victims.append(victim)
         chosen[proc.pid] = victim
+    result.unchecked = fd_check.incomplete()
     live = [pid for pid, victim in chosen.items() if victim.outcome is None]
     if not live:
         return result
@@ -357,13 +367,15 @@ def _unreleased_cause(index, snapshot, victims, dev_roots, left_children, mig_in
     dev = snapshot.device(index)
     holders = []
     fds_denied = 0
+    budget = FdBudget()
     if dev is not None and dev.minor is not None:
         wanted = vendor_backend(dev.vendor).device_keys(dev.minor)[:1]   # the node compute clients open
-        fd_holders, _readable, fds_denied = scan_device_fds(dev_roots=dev_roots, exclude=[os.getpid()])
+        fd_holders, _readable, fds_denied = scan_device_fds(dev_roots=dev_roots, exclude=[os.getpid()], budget=budget)
         others = [m for m in dev.mig_devices or () if mig_instances and (m.gpu_instance_id, m.compute_instance_id) not in mig_instances]
         elsewhere = set(pid for m in others for pid in m.pids)
         holders = sorted(pid for pid, paths in fd_holders.items()
                          if pid not in elsewhere and any(device_key(p, dev_roots) in wanted for p in paths))
+    unread = budget.incomplete()
     if holders:
         children = [pid for pid in holders if pid in left_children]
         if children:
@@ -378,6 +390,9 @@ def _unreleased_cause(index, snapshot, victims, dev_roots, left_children, mig_in
             stuck.append(str(victim.pid))
     if stuck:
         return 'process(es) %s are stuck in D state inside the driver; a GPU reset or a reboot may be needed' % ', '.join(stuck)
+    if unread is not None:
+        return ('no process whose open files were read holds the GPU device, but %s; otherwise the driver kept the memory '
+                '(a leak), which gpufleet.reclaim.gpu_reset clears' % incomplete_text(unread))
     if fds_denied:
         return ('no process whose open files could be read holds the GPU device (%d process(es) could not be checked; '
                 'run as root to check every one); otherwise the driver kept the memory (a leak), which '
@@ -524,6 +539,7 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
         'unreleased': unreleased,
         'unreleased_mib': sum(u['unreleased_mib'] for u in unreleased),
         'unmatched': [dict((k, v) for k, v in entry.items() if k != 'warn') for entry in decided.unmatched],
+        'unchecked': decided.unchecked,
         'seconds': round(time.monotonic() - started, 3),
         'warnings': warnings + list(snapshot.errors) + [entry['reason'] for entry in decided.unmatched if entry['warn']],
     }

@@ -25,7 +25,8 @@ Steps (``STEPS``):
 
 * ``kill_application``: application Xids (13, 31, 43, ...) name the pid of the offending process; it
   is terminated through reclaim (identity checked before every signal, protected processes never),
-  only when it still runs on that GPU and started before the event (else the pid was reused).
+  only when at that moment the driver lists it on that GPU, its name is the one the record gives and
+  it started before the record (else another process has the number): otherwise reported, nothing done.
 * ``reset``: GPU Xids, orphaned memory, health or a recovery action of reset: reset.reset on that
   GPU (preconditions, blockers, verification).  A refused or failed reset escalates.
 * ``drain``: the node leaves the scheduler with a reason: Slurm's ``scontrol update nodename=N
@@ -378,18 +379,65 @@ def _reason(parts):
     return text[:REASON_LEN]
 
 
-def _kill(step, dev, options, host, check_mode):
-    """Terminate the pid an application Xid names, if it is still that GPU's process and older than the event."""
-    snapshot = host.snapshot(vendor=options.vendor, gather_processes=True)
+def _started_before(proc, event):
+    """True when ``proc`` (a GpuProcess of this moment) started before ``event``, False when not, None when it cannot
+    be told.  In the kernel's own clocks when the record has its stamp: /proc/PID/stat's start (clock ticks since
+    boot, CLOCK_BOOTTIME) against the record's microseconds since boot (a suspend can only make a process look
+    younger); else that start as an epoch time (through CLOCK_BOOTTIME now: no rounding of the boot time) against
+    the event's time."""
+    ident = proc.identity
+    if ident is None or ident.starttime is None:
+        return None
+    try:
+        started = ident.starttime / float(os.sysconf('SC_CLK_TCK'))
+    except (ValueError, OSError, AttributeError):
+        return None
+    stamp = getattr(event, 'stamp', None)
+    if stamp is not None:
+        return started < stamp / 1e6
+    if event.time is None or not hasattr(time, 'CLOCK_BOOTTIME'):
+        return None
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - started) < event.time
+
+
+def _kill_refusal(snapshot, proc, now_dev, event, pid, index):
+    """(status, why) when the pid an application Xid names must not be ended now, or None when it may be (reclaim
+    then checks protection and identity again before each signal)."""
+    if now_dev is None:
+        return 'done', 'GPU %s is not found any more: nothing to terminate' % index
+    if proc is None or now_dev.index not in (proc.gpu_indexes or []):
+        if proc is not None or snapshot.holder(pid) is not None:
+            return 'skipped', ('the driver does not list pid %d on GPU %s (a process that only holds a GPU device file, or '
+                               'runs on another GPU, is not the one the Xid names): not terminated' % (pid, index))
+        return 'done', 'pid %d no longer runs on GPU %s: nothing to terminate' % (pid, index)
+    if not proc.found or proc.identity is None:
+        return 'skipped', 'pid %d is not visible in this PID namespace: not terminated' % pid
+    if not event.name:
+        return 'skipped', 'the Xid names no process name to check pid %d against: not terminated' % pid
+    comm = printable(proc.identity.comm)
+    if comm != event.name:
+        return 'skipped', 'pid %d is %s now, the Xid names %s (another process): not terminated' % (pid, comm, event.name)
+    started = _started_before(proc, event)
+    if started is None:
+        return 'skipped', 'the start of pid %d cannot be compared with the time of the Xid: not terminated' % pid
+    if not started:
+        return 'skipped', 'pid %d started after the Xid (the pid was reused): not terminated' % pid
+    return None
+
+
+def _kill(step, dev, options, host, check_mode, planned):
+    """Terminate the pid an application Xid names, only when at this moment the driver lists that pid on that GPU,
+    its name (comm) is the one the record gives and it started before the record (else another process has the
+    number); through reclaim: protected processes never, identity checked again before each signal.  A pid the
+    driver did not list on that GPU in the ladder's own snapshot (``planned``) is refused from it: only a listed
+    one costs a new snapshot, so a flood of Xids naming other pids costs no driver reads."""
     pid = step.pid
-    proc = next((p for p in snapshot.processes if p.pid == pid), None)
+    snapshot = planned if pid not in dev.pids else host.snapshot(vendor=options.vendor, gather_processes=True)
+    proc = snapshot.process(pid)
     now_dev = next((d for d in snapshot.all_devices if d.uuid == dev.uuid), None)
-    if proc is None or now_dev is None or now_dev.index not in (proc.gpu_indexes or []):
-        step.status, step.detail = 'done', 'pid %d no longer runs on GPU %s: nothing to terminate' % (pid, dev.index)
-        return False
-    when = step.event.time if step.event else None
-    if when is not None and proc.create_time is not None and proc.create_time > when + 1.0:
-        step.status, step.detail = 'skipped', 'pid %d started after the Xid (the pid was reused): not terminated' % pid
+    refused = _kill_refusal(snapshot, proc, now_dev, step.event, pid, dev.index)
+    if refused is not None:
+        step.status, step.detail = refused
         return False
     ropts = ReclaimOptions(signal='TERM', timeout=options.kill_timeout, force=True, tree=True, release_timeout=RELEASE_TIMEOUT,
                            protect_names=options.protect_names, protect_users=options.protect_users, vendor=dev.vendor,
@@ -440,6 +488,7 @@ class Run(object):
         self.changed = False
         self.warnings = []
         self.errors = []
+        self.snapshot = None        # the snapshot the ladder was planned from
 
     def audit(self, record):
         if self.check_mode or not self.options.audit_path:
@@ -477,12 +526,14 @@ def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=Non
     now = time.time() if now is None else now
     host = host or Host()
     run = Run(options, host, check_mode)
+    run.warnings.extend(host.tool_notes)
     state, problem = load_ladder_state(options)
     if problem:
         run.warnings.append(problem)
     if snapshot is None:
         snapshot = host.snapshot(vendor=options.vendor, gather_processes=True, xid_since=health_since(state, now))
     run.warnings.extend(snapshot.errors)
+    run.snapshot = snapshot
     current_boot = boot_id()
     flag, stale = load_reboot_flag(options.reboot_flag, current_boot)
     flag_removed = False
@@ -521,7 +572,7 @@ def _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons):
     escalate = None
     for step in list(ladder.steps):
         if step.name == 'kill_application':
-            run.changed |= _kill(step, dev, options, host, run.check_mode)
+            run.changed |= _kill(step, dev, options, host, run.check_mode, run.snapshot)
         elif step.name == 'reset':
             changed, escalate = _reset(step, dev, options, host, run.check_mode)
             run.changed |= changed

@@ -27,18 +27,18 @@
 
 Selection, preconditions and verification are in reset_plan.py (re-exported here).  Commands
 always run as argument lists.  Tools are passed in (``Host.tools``); the default finds
-them with shutil.which.
+them with safe_files.find_program (as root, never one that a user could have planted).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import time
 
 from . import audit_log, kmod, watchdog
+from .safe_files import find_program
 from .backends import REGISTRY, vendor_backend
 from .backends.base import (FAIL, NOT_APPLICABLE, NOT_EXPOSED, PASS, REBOOT_ACTIONS, WARN,  # noqa: F401 pylint: disable=unused-import
                             error_text, last_line as _last_line, recovery_action)
@@ -107,7 +107,8 @@ def run_command(argv, timeout=600):
 class Host(object):
     """Everything outside Python that a reset uses.  The defaults are the real host; tests pass seams.
 
-    tools: name -> absolute path or None (default: shutil.which of TOOLS).  runner(argv) -> (rc, out, err).
+    tools: name -> absolute path or None (default: find_program of TOOLS; why a planted candidate was passed
+    over goes into ``tool_notes``, and from there into the result's warnings).  runner(argv) -> (rc, out, err).
     sys_root: where sysfs is (Intel PCI reset, kernel-module references; default kmod.sys_root()).
     dev_roots, factories: passed to take_snapshot.
     nvml: the pynvml module for drain and NVLink queries.  amdsmi: the amdsmi module, or False for "not installed".
@@ -116,7 +117,8 @@ class Host(object):
 
     def __init__(self, tools=None, runner=None, sys_root=None, dev_roots=None, factories=None, nvml=None, amdsmi=None,
                  euid=None, clock=time.monotonic, sleep=time.sleep, poll=0.5, driver_timeout=None):
-        self.tools = dict((name, shutil.which(name)) for name in TOOLS) if tools is None else dict(tools)
+        self.tool_notes = []
+        self.tools = find_tools(self.tool_notes) if tools is None else dict(tools)
         self.runner = runner or run_command
         self.sys_root = kmod.sys_root(sys_root)
         self.dev_roots = dev_roots
@@ -141,17 +143,22 @@ class Host(object):
                              factories=self.factories, driver_timeout=self.driver_timeout, xid_since=xid_since)
 
 
+def find_tools(notes):
+    """{name: path or None} of TOOLS (safe_files.find_program; ``notes`` gets why a candidate was passed over)."""
+    return dict((name, find_program(name, refused=notes)) for name in TOOLS)
+
+
 def module_host(module):
-    """The real host of an Ansible module: tools found by ``module.get_bin_path``, commands run by
-    ``module.run_command`` (argument lists)."""
+    """The real host of an Ansible module: tools found by safe_files.find_program (as ``module.get_bin_path``
+    would find them, but never one a user could have planted), commands run by ``module.run_command`` (argument
+    lists)."""
     def runner(argv):
         try:
             return module.run_command(argv, handle_exceptions=False)
         except OSError as exc:  # never fail_json half-way: the undo steps (persistence mode, drain, services) must run
             return 127, '', '%s: %s' % (argv[0], exc)
 
-    return Host(tools=dict((name, module.get_bin_path(name)) for name in TOOLS), runner=runner,
-                driver_timeout=watchdog.check_timeout('driver_timeout', module.params.get('driver_timeout')))
+    return Host(runner=runner, driver_timeout=watchdog.check_timeout('driver_timeout', module.params.get('driver_timeout')))
 
 
 # ---------------------------------------------------------------------------- services
@@ -293,7 +300,7 @@ def reset(options, host=None, check_mode=False):
     """Run one gpu_reset and return the module's result dictionary (``failed_gpus`` non-empty = failure)."""
     host = host or Host()
     started = host.clock()
-    warnings = []
+    warnings = list(host.tool_notes)
     snapshot = host.snapshot(vendor=options.vendor, gather_processes=True)
     warnings.extend(snapshot.errors)
     items = choose(snapshot, options)

@@ -18,6 +18,7 @@ import os
 from . import notify
 from .backends import REGISTRY, vendor_backend
 from .backends.base import FAIL, NOT_APPLICABLE, PASS, WARN, pci_bdf
+from .fdwalk import incomplete_text
 from .identity import name_trusted
 from .reclaim import ReclaimOptions, reclaim
 from .select import Selector
@@ -281,7 +282,14 @@ def _check_users(item, snapshot, options, host):
         note = ''
         if snapshot.fds_denied:
             note = ' (the open files of %d process(es) could not be read%s)' % (snapshot.fds_denied, '' if host.euid == 0 else ': run as root')
-        item.check('blocking_clients', PASS, 'no %s holds the GPU%s' % ('/'.join(c for c, _u in BLOCKING_CLIENTS), note))
+        clients = '/'.join(c for c, _u in BLOCKING_CLIENTS)
+        if getattr(snapshot, 'holders_incomplete', None) is not None:
+            # a warning, not a refusal: a user who opens enough descriptors must not be able to block every reset;
+            # a holder left unseen makes the driver refuse the reset (the device is in use), which is reported
+            item.check('blocking_clients', WARN, 'no %s holds the GPU among the processes read%s, but %s; if one of them '
+                                                 'holds it, the reset fails' % (clients, note, incomplete_text(snapshot.holders_incomplete)))
+        else:
+            item.check('blocking_clients', PASS, 'no %s holds the GPU%s' % (clients, note))
     if not procs:
         item.check('processes', PASS, 'no process uses the GPU')
         return

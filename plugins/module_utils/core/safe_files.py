@@ -169,16 +169,51 @@ def check(path, euid=None, strict=True):
         os.close(dir_fd)
 
 
+def _follow_dir_links(path, euid, max_links):
+    """``path`` with each symbolic link among its directories replaced by its target (``/bin`` -> ``usr/bin``):
+    a link is followed only when it is root's (or the agent's) and sits in a directory open_dir accepts, so
+    nobody else can swap it.  UnsafeFile otherwise; FileNotFoundError when a component is missing."""
+    parts = [part for part in os.path.abspath(path).split('/') if part]
+    done = '/'
+    hops = 0
+    while parts:
+        name = parts.pop(0)
+        if name in ('', '.'):
+            continue
+        if name == '..':
+            done = os.path.dirname(done)
+            continue
+        candidate = os.path.join(done, name)
+        info = os.lstat(candidate)
+        if not stat.S_ISLNK(info.st_mode):
+            done = candidate
+            continue
+        hops += 1
+        owner = _owner_problem(info, euid)
+        if owner or hops > max_links:
+            raise UnsafeFile(candidate, 'is a symbolic link that ' + (owner or 'starts more than %d links' % max_links),
+                             is_dir=True)
+        os.close(open_dir(done, euid=euid))   # the link's directory: only root may replace the link
+        target = os.readlink(candidate)
+        if target.startswith('/'):
+            done = '/'
+        parts = [part for part in target.split('/') if part] + parts
+    return done
+
+
 def resolve_checked(path, euid=None, max_links=8):
     """The regular file ``path`` names, its symbolic links followed one at a time under the checks
     (for a program root will run, such as a virtual environment's ``bin/python``, a link to
-    ``/usr/bin/python3.X``): the directory of every hop walked and checked as open_dir does (strict),
-    every link owned by root or the agent's user, the file checked as check_file_info does.
+    ``/usr/bin/python3.X``, or ``/bin/systemctl`` where ``/bin`` links to ``usr/bin``): every link
+    owned by root or the agent's user in a directory walked and checked as open_dir does (strict),
+    the directory of every hop likewise, the file checked as check_file_info does.
     Returns the file's path.  FileNotFoundError when something is missing; UnsafeFile otherwise."""
     euid = os.geteuid() if euid is None else euid
     path = os.path.abspath(path)
     for _hop in range(max_links + 1):
         path, directory, name = _split(path)
+        directory = _follow_dir_links(directory, euid, max_links)
+        path = os.path.join(directory, name)
         dir_fd = open_dir(directory, euid=euid)
         try:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -192,6 +227,44 @@ def resolve_checked(path, euid=None, max_links=8):
         finally:
             os.close(dir_fd)
     raise UnsafeFile(path, 'is reached through more than %d symbolic links' % max_links)
+
+
+# Searched after $PATH, as ansible-core's get_bin_path does: root's tools live there, and cron's PATH lacks them.
+SBIN_DIRS = ('/usr/local/sbin', '/usr/sbin', '/sbin')
+
+
+def find_program(name, search_path=None, euid=None, refused=None):
+    """The absolute path of the program ``name`` that this process may run, or None: the one lookup of every
+    command the core runs (scontrol, squeue, sinfo, nvidia-smi, amd-smi, xpu-smi, ioreg, systemctl, journalctl).
+
+    ``search_path`` (default ``$PATH``, then SBIN_DIRS): only absolute entries are searched, never an empty or
+    relative one (POSIX reads those as the working directory).  As root, a candidate must pass resolve_checked:
+    every link, directory and the file root's and not writable by group or others, so that a program planted in a
+    directory a user can write (a PATH entry of hers, a group-writable bin directory) is never run as root; it is
+    skipped, and why goes into the list ``refused`` when one is given.  Other users run what their PATH names, as
+    shutil.which would find it (their own privileges are all it gets)."""
+    if not name or '/' in name:
+        return None
+    euid = os.geteuid() if euid is None else euid
+    entries = (os.environ.get('PATH', os.defpath) if search_path is None else search_path).split(os.pathsep)
+    seen = set()
+    for directory in entries + list(SBIN_DIRS if search_path is None else ()):
+        if not directory.startswith('/') or directory in seen:
+            continue
+        seen.add(directory)
+        candidate = os.path.join(directory, name)
+        if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
+            continue
+        if euid != 0:
+            return candidate
+        try:
+            resolve_checked(candidate, euid=euid)
+        except OSError as exc:
+            if refused is not None:
+                refused.append('%s was not run as root: %s' % (candidate, getattr(exc, 'sentence', None) or exc))
+            continue
+        return candidate
+    return None
 
 
 def open_checked(path, flags, mode=0o600, dir_mode=None, euid=None, strict=True):

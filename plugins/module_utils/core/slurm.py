@@ -16,7 +16,9 @@ What Slurm says comes from three root-side sources, each through a subprocess wi
 * the process's cgroup (``processes.parse_cgroup`` through ``CgroupTrust``: only the root-owned part of the path
   names a job).
 
-``job_claims`` is the decision (pure, unit-tested): which processes on the node's GPUs belong to a job.
+``job_claims`` (epilog) and ``stale_claims`` (prolog) are the decisions (pure, unit-tested): which processes on the
+node's GPUs belong to a job, or were provably left by one that ended (``leftover_of``: the process's real uid and
+start time against the jobs' owners and lifetimes, never what the process says about itself).
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 
 from .errors import GpuFleetError
+from .safe_files import find_program
 
 SLURM_TIMEOUT_S = 10.0
 MAX_OUTPUT_BYTES = 64 * 1024 * 1024
@@ -182,9 +184,10 @@ def node_name(environ=None):
 class SlurmClient(object):
     """Asks Slurm through its commands, each with a deadline; answers are cached for the life of the client (one
     tick, one prolog or epilog).  ``env``: the environment of the commands (default: this process's, which carries
-    ``SLURM_CONF`` where a site sets it).  ``runner`` is subprocess.run (a seam for the argv, never a fake Slurm)."""
+    ``SLURM_CONF`` where a site sets it).  ``runner`` is subprocess.run (a seam for the argv, never a fake Slurm);
+    ``which`` (name -> path or None) finds the commands (default safe_files.find_program: as root, never a planted one)."""
 
-    def __init__(self, timeout=SLURM_TIMEOUT_S, env=None, runner=subprocess.run, which=shutil.which):
+    def __init__(self, timeout=SLURM_TIMEOUT_S, env=None, runner=subprocess.run, which=None):
         self.timeout = timeout
         self.env = env
         self.runner = runner
@@ -193,9 +196,10 @@ class SlurmClient(object):
 
     def run(self, argv):
         """The standard output of ``argv`` (text); SlurmError naming the command and why it failed."""
-        path = self.which(argv[0])
+        refused = []
+        path = self.which(argv[0]) if self.which is not None else find_program(argv[0], refused=refused)
         if path is None:
-            raise SlurmError('%s is not installed (or not on PATH)' % argv[0])
+            raise SlurmError('; '.join(refused) or '%s is not installed (or not on PATH)' % argv[0])
         try:
             proc = self.runner([path] + list(argv[1:]), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                timeout=self.timeout, env=self.env, check=False, close_fds=True)
@@ -251,12 +255,14 @@ class SlurmClient(object):
 class Candidate(object):
     """A process on the node's GPUs as the decision sees it: pid, starttime (identity), real uid, ``started`` (epoch
     seconds, from /proc's start time), ``cgroup_job`` (the job its root-owned cgroup names, or None), ``gpus`` (the
-    host-wide GPU indexes it uses), name and the MiB the driver charges to it."""
+    host-wide GPU indexes it uses), name, the MiB the driver charges to it, and ``ppid`` (its parent, from /proc)."""
 
-    __slots__ = ('pid', 'starttime', 'uid', 'user', 'started', 'cgroup_job', 'gpus', 'name', 'used_mib')
+    __slots__ = ('pid', 'starttime', 'uid', 'user', 'started', 'cgroup_job', 'gpus', 'name', 'used_mib', 'ppid')
 
-    def __init__(self, pid, starttime=None, uid=None, started=None, cgroup_job=None, gpus=(), name=None, used_mib=None, user=None):
+    def __init__(self, pid, starttime=None, uid=None, started=None, cgroup_job=None, gpus=(), name=None, used_mib=None, user=None,
+                 ppid=None):
         self.pid = pid
+        self.ppid = ppid
         self.starttime = starttime
         self.uid = uid
         self.user = user
@@ -270,21 +276,22 @@ class Candidate(object):
 def job_claims(job, candidates, other_jobs, listpids=None, lifetime_rule=True):
     """Split ``candidates`` into (``claimed``, ``spared``): lists of ``(Candidate, why)``.
 
-    ``job``: the ending Job (its ``gpus`` here: host-wide GPU indexes).  ``other_jobs``: the other jobs active on
-    this node (their ``gpus`` host-wide, None when unknown).  ``listpids``: ``{pid: job id}`` from slurmstepd, or
-    None when it could not be read.  A process is the job's when
+    ``job``: the ending Job (its ``gpus`` here: host-wide GPU indexes).  ``other_jobs``: the other jobs Slurm knows
+    on this node (None when they could not be read).  ``listpids``: ``{pid: job id}`` from slurmstepd, or None when
+    it could not be read.  A process is the job's when
 
     1. its root-owned cgroup names the job, or slurmstepd lists it under the job; else
-    2. (``lifetime_rule``, and only when ``listpids`` and the other jobs could be read) its real uid is the job's
-       user's, it started inside the job's lifetime (job start <= start <= job end + 1 s), it uses one of the
-       job's GPUs, and none of the GPUs it uses is allocated to another active job (or, allocation unknown, to
-       another active job of the same user).
+    2. (``lifetime_rule``, and only when ``listpids`` and the other jobs could be read) it uses one of the job's
+       GPUs and is provably the job's leftover (``leftover_of``: the user's, started inside the job's lifetime,
+       and before every job still active here that could own it).  Which GPUs the other jobs hold does not
+       matter: a leftover that also sits on a GPU of another job is still this job's.
 
-    Never the job's: a process whose cgroup or slurmstepd names another job, or owned by another uid (rule 2).
-    Names, command lines and environments are never read: a process that claims ``SLURM_JOB_ID`` in its argv or
-    environment is judged like any other.
+    Never the job's: a process whose cgroup or slurmstepd names another job, another uid's or root's process, or one
+    that started after another active job of its user started (it could be that job's).  Names, command lines and
+    environments are never read: a process that claims ``SLURM_JOB_ID`` in its argv or environment is judged like
+    any other.
     """
-    claimed, spared = [], []
+    verdicts = {}
     for cand in candidates:
         listed = listpids.get(cand.pid) if listpids else None
         why_not = None
@@ -293,19 +300,45 @@ def job_claims(job, candidates, other_jobs, listpids=None, lifetime_rule=True):
         elif listed is not None and listed != job.id:
             why_not = 'slurmstepd lists it under job %s' % listed
         elif cand.cgroup_job == job.id:
-            claimed.append((cand, 'in job %s\'s cgroup' % job.id))
+            verdicts[cand.pid] = ('claimed', 'in job %s\'s cgroup' % job.id)
             continue
         elif listed == job.id:
-            claimed.append((cand, 'slurmstepd lists it under job %s' % job.id))
+            verdicts[cand.pid] = ('claimed', 'slurmstepd lists it under job %s' % job.id)
             continue
         if why_not is None:
             why_not = _lifetime_rule(job, cand, other_jobs, listpids, lifetime_rule)
             if why_not is None:
-                claimed.append((cand, 'uid %s\'s process started %s s into job %s, on its GPU %s' % (
-                    cand.uid, int(cand.started - job.start), job.id, ','.join(str(g) for g in sorted(cand.gpus & set(job.gpus))))))
+                verdicts[cand.pid] = ('claimed', 'uid %s\'s process started %s s into job %s, on its GPU %s' % (
+                    cand.uid, int(cand.started - job.start), job.id, ','.join(str(g) for g in sorted(cand.gpus & set(job.gpus)))))
                 continue
-        spared.append((cand, why_not))
-    return claimed, spared
+        verdicts[cand.pid] = ('spared', why_not)
+    return _split(candidates, with_families(candidates, verdicts, listpids), ('claimed', 'spared'))
+
+
+def with_families(candidates, verdicts, listpids):
+    """``verdicts`` ({pid: (verdict, why)} of ``candidates``) with every process judged with its family: a process
+    whose parent is a candidate of its uid takes the verdict of the process its family started from (walking up its
+    parents), unless its own root-owned cgroup or slurmstepd names its job.  A worker holds its parent's GPU memory
+    (an inherited device file), so a parent is never ended without its workers, nor a worker while its parent is
+    spared or blocks.  Parents come from /proc (the kernel), never from the process."""
+    by_pid = dict((cand.pid, cand) for cand in candidates)
+    listed = listpids or {}
+    out = {}
+    for cand in candidates:
+        root = cand
+        for _step in range(len(by_pid)):
+            parent = by_pid.get(root.ppid)
+            if parent is None or parent.uid != root.uid or root.cgroup_job is not None or listed.get(root.pid) is not None:
+                break
+            root = parent
+        verdict, why = verdicts[root.pid]
+        out[cand.pid] = (verdict, why) if root is cand else (verdict, 'in the family of pid %d (%s): %s' % (root.pid, verdict, why))
+    return out
+
+
+def _split(candidates, verdicts, kinds):
+    """Lists of (Candidate, why), one per verdict of ``kinds``, in the candidates' order."""
+    return tuple([(cand, verdicts[cand.pid][1]) for cand in candidates if verdicts[cand.pid][0] == kind] for kind in kinds)
 
 
 def _lifetime_rule(job, cand, other_jobs, listpids, enabled):
@@ -314,49 +347,98 @@ def _lifetime_rule(job, cand, other_jobs, listpids, enabled):
         return 'no root-owned cgroup or slurmstepd names it (the lifetime rule is off)'
     if listpids is None or other_jobs is None:
         return 'Slurm\'s view of this node could not be read, so only cgroups decide'
+    why_not = leftover_of(job, cand, [other for other in other_jobs if other.active and other.id != job.id])
+    if why_not is None and (not job.gpus or not cand.gpus & set(job.gpus)):
+        why_not = 'uses none of the job\'s GPUs'
+    return why_not
+
+
+def leftover_of(job, cand, active):
+    """None when ``cand`` is provably a leftover of ``job``, a job that has ended, else why not.
+
+    The proof (every fact from the kernel or from slurmctld, none from the process): its real uid is the job's user's
+    and not root's (root starts services that belong to no job); it started inside the job's lifetime
+    (``_outside``); and none of the jobs still active on this node (``active``) could own it.  An active job of its
+    uid, of root (who may start a process as anyone) or of an unknown user could own it, unless that job started
+    after it (its start < that job's start - 1 s: a job's processes start after the job) or Slurm says which GPUs
+    that job holds and the process is on none of them (it squats GPUs that are not that job's allocation).
+    """
+    if cand.uid == 0:
+        return 'owned by root, whose processes only a cgroup or slurmstepd attributes to a job'
     if job.uid is None or cand.uid != job.uid:
         return 'owned by uid %s, not the job\'s user (uid %s)' % (cand.uid, job.uid)
+    why_not = _outside(job, cand)
+    for other in active if why_not is None else ():
+        if other.uid not in (cand.uid, 0, None):
+            continue
+        if other.gpus is not None and not set(cand.gpus or ()) & set(other.gpus):
+            continue
+        whose = {cand.uid: 'the same user', 0: 'root'}.get(other.uid, 'an unknown user')
+        if other.start is None:
+            return 'job %s of %s is active here and its start is unknown, so it could be that job\'s' % (other.id, whose)
+        if cand.started >= other.start - START_SLACK_S:
+            return 'started after job %s of %s started, which is still %s here, so it could be that job\'s' % (
+                other.id, whose, other.state or 'active')
+    return why_not
+
+
+def _outside(job, cand):
+    """None when ``cand`` started inside ``job``'s lifetime (job start - 1 s <= its start <= job end + 1 s: Slurm's
+    whole seconds and clock skew; no end known: no upper bound), else why not."""
     if job.start is None or cand.started is None:
         return 'the start time of the job or of the process is unknown'
     if cand.started < job.start - START_SLACK_S:
         return 'started before the job'
     if job.end is not None and job.end >= job.start and cand.started > job.end + END_SLACK_S:
         return 'started after the job ended'
-    if not job.gpus or not cand.gpus & set(job.gpus):
-        return 'uses none of the job\'s GPUs'
-    for other in other_jobs:
-        if other.id == job.id or not other.active:
-            continue
-        if other.gpus is None and other.uid == job.uid:
-            return 'job %s of the same user runs here and its GPUs are unknown' % other.id
-        shared = sorted(cand.gpus & set(other.gpus or ()))
-        if shared:
-            return 'GPU %s is also allocated to job %s, which is still active' % (','.join(str(g) for g in shared), other.id)
     return None
 
 
-def stale_claims(job_id, candidates, jobs, listpids):
-    """For a prolog of job ``job_id``: split the processes on its GPUs into (``own``, ``stale``, ``blocking``).
+def stale_claims(job, candidates, jobs, listpids):
+    """For a prolog of ``job`` (the starting Job): split the processes on its GPUs into (``own``, ``stale``,
+    ``blocking``), each a list of ``(Candidate, why)``.
 
-    ``own``: the starting job's (its cgroup or slurmstepd names it).  ``stale``: provably left over, its root-owned
-    cgroup naming a job that Slurm (``jobs``: every job slurmctld knows on this node, or None when it could not be
-    read) lists as ended or no longer knows, and that slurmstepd does not list.  ``blocking``: everything else
-    (another active job's, or no job vouched for at all).  Each a list of ``(Candidate, why)``.
+    ``own``: the starting job's (its cgroup or slurmstepd names it).  ``stale``: provably left over from a job that
+    ended, and slurmstepd lists it under no job: either its root-owned cgroup names a job that Slurm (``jobs``:
+    every job slurmctld knows on this node, or None when it could not be read) lists as ended or no longer knows,
+    or, without such a cgroup (proctrack/linuxproc), ``leftover_of`` proves it a leftover of an ended job Slurm
+    still knows (``MinJobAge`` after its end), the starting job counted among the active ones whatever its state.  ``blocking``:
+    everything else (another active job's, or nothing proves it stale).
     """
-    own, stale, blocking = [], [], []
+    verdicts = {}
+    active = None if jobs is None else [other for other in jobs.values() if other.active and other.id != job.id] + [job]
     for cand in candidates:
         listed = listpids.get(cand.pid) if listpids else None
-        if cand.cgroup_job == job_id or listed == job_id:
-            own.append((cand, 'job %s\'s own process' % job_id))
+        if cand.cgroup_job == job.id or listed == job.id:
+            verdicts[cand.pid] = ('own', 'job %s\'s own process' % job.id)
         elif listed is not None:
-            blocking.append((cand, 'slurmstepd lists it under job %s' % listed))
-        elif cand.cgroup_job is None:
-            blocking.append((cand, 'no root-owned cgroup names its job, so it cannot be proven stale'))
+            verdicts[cand.pid] = ('blocking', 'slurmstepd lists it under job %s' % listed)
         elif jobs is None or listpids is None:
-            blocking.append((cand, 'in job %s\'s cgroup, and Slurm could not be asked whether that job ended' % cand.cgroup_job))
-        elif cand.cgroup_job in jobs and jobs[cand.cgroup_job].active:
-            blocking.append((cand, 'in job %s\'s cgroup, which is %s' % (cand.cgroup_job, jobs[cand.cgroup_job].state)))
-        else:
+            verdicts[cand.pid] = ('blocking', ('in job %s\'s cgroup, and Slurm could not be asked whether that job ended'
+                                               % cand.cgroup_job) if cand.cgroup_job is not None else
+                                  'no root-owned cgroup names its job, and Slurm could not be asked which jobs ended')
+        elif cand.cgroup_job is not None and cand.cgroup_job in jobs and jobs[cand.cgroup_job].active:
+            verdicts[cand.pid] = ('blocking', 'in job %s\'s cgroup, which is %s' % (cand.cgroup_job, jobs[cand.cgroup_job].state))
+        elif cand.cgroup_job is not None:
             state = jobs[cand.cgroup_job].state if cand.cgroup_job in jobs else 'no longer known to slurmctld'
-            stale.append((cand, 'left over from job %s (%s)' % (cand.cgroup_job, state)))
-    return own, stale, blocking
+            verdicts[cand.pid] = ('stale', 'left over from job %s (%s)' % (cand.cgroup_job, state))
+        else:
+            ended, why_not = _ended_owner(cand, jobs, active)
+            verdicts[cand.pid] = ('blocking', why_not) if ended is None else (
+                'stale', 'left over from job %s (%s): uid %s\'s process started %d s into it, before every job still active here '
+                'that could own it' % (ended.id, ended.state, cand.uid, int(cand.started - ended.start)))
+    return _split(candidates, with_families(candidates, verdicts, listpids), ('own', 'stale', 'blocking'))
+
+
+def _ended_owner(cand, jobs, active):
+    """(the ended Job ``cand`` is provably a leftover of, None) or (None, why not), for a process no cgroup names.
+    Only an ended job with a known end can contain its start."""
+    for ended in sorted(jobs.values(), key=lambda j: (j.start or 0, j.id), reverse=True):
+        if ended.active or ended.end is None or ended.uid != cand.uid or _outside(ended, cand) is not None:
+            continue
+        why_not = leftover_of(ended, cand, active)
+        if why_not is not None:
+            return None, 'not provably left over from job %s: %s' % (ended.id, why_not)
+        return ended, None
+    return None, ('no root-owned cgroup or slurmstepd names its job, and it started inside no ended job of uid %s that '
+                  'slurmctld still knows (it forgets a job MinJobAge after its end)' % cand.uid)

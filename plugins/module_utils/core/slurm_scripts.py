@@ -10,10 +10,11 @@ epilog: the processes left on the ending job's GPUs that are the job's (slurm.jo
 after a grace (killer.terminate: pidfd, identity checked again); then the driver must show their memory free within
 ``release_timeout``, else the node is drained with ``gpufleet: GPU N holds X MiB after job J``.
 
-prolog: on the starting job's GPUs, every process that is not the job's is either provably stale (its root-owned
-cgroup names a job Slurm says has ended: killed, its memory checked) or blocking; blocking processes, memory no
-process accounts for, or memory not released make the prolog drain the node (``gpufleet: GPU N holds X MiB (pids
-...) before job J``) and exit 1, so Slurm requeues the job.
+prolog: on the starting job's GPUs, every process that is not the job's is either provably stale (slurm.stale_claims:
+its root-owned cgroup names a job Slurm says has ended, or, without one, the lifetime rule proves it a leftover of an
+ended job: killed, identity checked again, its memory checked, and the job proceeds) or blocking; blocking processes,
+memory no process accounts for, or memory not released make the prolog drain the node (``gpufleet: GPU N holds X MiB
+(pids ...) before job J``) and exit 1, so Slurm requeues the job.
 
 Exit codes: 0 done (the epilog also when it drained the node itself); 1 Slurm should act (prolog refused; epilog
 could not do its work or could not drain): a failing prolog or epilog makes slurmd drain the node, and a failing
@@ -76,7 +77,8 @@ def candidates(snapshot):
         if proc.status in ('not_found', 'zombie', 'dead'):
             continue
         out.append(Candidate(proc.pid, starttime=proc.starttime, uid=proc.uid, user=proc.user, started=started(proc.starttime),
-                             cgroup_job=proc.slurm_job, gpus=proc.gpu_indexes, name=proc.name, used_mib=getattr(proc, 'used_mib', None)))
+                             cgroup_job=proc.slurm_job, gpus=proc.gpu_indexes, name=proc.name, used_mib=getattr(proc, 'used_mib', None),
+                             ppid=proc.ppid))
     return out
 
 
@@ -254,7 +256,9 @@ class _Run(object):
                 ('processes_blocking', 'Processes not of the job that made the last %s refuse', len(out['blocking'])),
                 ('unreleased_mib', 'GPU memory (MiB) not released in time in the last %s', sum(u['mib'] or 0 for u in out['unreleased'])),
                 ('release_seconds', 'Seconds until the memory of the processes the last %s ended was free', max(seconds) if seconds else 0),
-                ('drained', '1 when the last %s drained the node', 1 if out['drained'] else 0)):
+                ('drained', '1 when the last %s drained the node', 1 if out['drained'] else 0),
+                ('holders_unread', 'Processes whose open files the last %s did not read (the holder scan\'s bound)',
+                 (out.get('holders_incomplete') or {}).get('processes', 0))):
             found.add(prefix + name, 'gauge', text % self.script, value, {'node': self.node})
         try:
             safe_files.write_atomic(self.options.metrics, found.render(), mode=0o644, dir_mode=0o755, strict=False)
@@ -272,6 +276,7 @@ def _begin(script, options, environ, client, snapshot_fn):
     snapshot = snapshot_fn(vendor=run.options.vendor, gather_processes=True, scan_holders=True,
                            driver_timeout=run.options.driver_timeout)
     run.warnings.extend(snapshot.errors)
+    run.out['holders_incomplete'] = snapshot.holders_incomplete   # the holder scan's bound (fdwalk.py): never a drain by itself
     return run, jobs, listpids, snapshot, _on_host(run.job(jobs), snapshot)
 
 
@@ -315,7 +320,7 @@ def prolog(options, environ=None, client=None, snapshot_fn=take_snapshot):
     gpus = set(job.gpus or ())
     run.out['gpus'] = sorted(gpus)
     on_gpus = [c for c in candidates(snapshot) if c.gpus & gpus]
-    _own, stale, blocking = stale_claims(job.id, on_gpus, jobs, listpids)
+    _own, stale, blocking = stale_claims(job, on_gpus, jobs, listpids)
     run.out['blocking'] = [_entry(c, why) for c, why in blocking]
     victims = _signal(stale, run)
     ghost_pids = ghosts(snapshot, gpus)

@@ -13,6 +13,7 @@ library's own index.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import OrderedDict
 
@@ -20,6 +21,7 @@ from . import xid
 from .backends import VENDOR_CHOICES, Selection, preload, select, vendor_backend
 from .backends.base import DRM_RENDER_BASE, error_text  # noqa: F401 pylint: disable=unused-import
 from .errors import InvalidArgument
+from .fdwalk import incomplete_text
 from .model import MIG_FORM, GpuProcess, mig_devices_named
 from .processes import ProcessInventory, device_key, resolve_dev_roots
 
@@ -29,7 +31,7 @@ class Snapshot(object):
 
     def __init__(self, backends, devices, all_devices, processes, holders, taken_at, errors=None,
                  fds_denied=0, gathered_processes=True, holders_scanned=None, unreadable=None, driver_hung=None,
-                 xid_log_error=None):
+                 xid_log_error=None, holders_incomplete=None):
         self.backends = backends              # OrderedDict vendor -> BackendStatus
         self.devices = devices                # selected Devices
         self.all_devices = all_devices        # every Device the backends returned
@@ -44,6 +46,8 @@ class Snapshot(object):
         # None, or {call, vendor, gpu, pci_bus_id, timeout_s, message}: a driver call that did not return in time
         self.driver_hung = driver_hung
         self.xid_log_error = xid_log_error    # why the kernel log's Xid lines could not be read, or None
+        # None, or the processes whose open files the holder scan's bound left unread (processes.InventoryResult)
+        self.holders_incomplete = holders_incomplete
 
     def device(self, key):
         """The device with host-wide index or UUID ``key`` (among all devices), or None."""
@@ -74,6 +78,7 @@ class Snapshot(object):
             'processes': [proc.to_dict() for proc in self.processes],
             'holders': [holder.to_dict() for holder in self.holders],
             'driver_hung': dict(self.driver_hung) if self.driver_hung is not None else None,
+            'holders_incomplete': copy.deepcopy(self.holders_incomplete),
         }
 
 
@@ -233,6 +238,7 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
     holders = []
     fds_denied = 0
     holders_scanned = False
+    incomplete = None
     if scan_holders == 'auto':
         scan_holders = holder_scan_needed(selected)
     if gather_processes:
@@ -253,6 +259,7 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
         result = inventory.scan(sorted(by_pid))
         errors.extend(result.errors)
         fds_denied = result.fds_denied
+        incomplete = result.incomplete
         for pid in sorted(by_pid):
             proc = by_pid[pid]
             proc.join(result.record(pid))
@@ -267,17 +274,20 @@ def take_snapshot(vendor='auto', gpus=None, gather_processes=True, inventory=Non
             holders.append(holder)
         if fds_denied:
             errors.append('the open files of %d process(es) could not be read (run as root to see every holder)' % fds_denied)
+        if incomplete is not None:
+            errors.append(incomplete_text(incomplete))
 
     return Snapshot(backends=selection.statuses, devices=selected, all_devices=all_devices, processes=processes,
                     holders=holders, taken_at=taken_at, errors=errors, fds_denied=fds_denied,
                     gathered_processes=gather_processes, holders_scanned=holders_scanned, unreadable=unreadable,
-                    xid_log_error=xid_log_error)
+                    xid_log_error=xid_log_error, holders_incomplete=incomplete)
 
 
 def _read_xid_log(devices, kmsg_path=None, memo=None):
-    """Add the kernel log's Xid lines to the devices they name (those of the vendors whose backend says
-    ``xid_log``: NVIDIA); returns why the log could not be read (their ``xid_events`` then stay as the
-    driver left them: None when it could not tell either).  ``memo``: xid.read_journal's, kept by the guard."""
+    """Add the kernel's Xid records (xid.read_kmsg: only what the driver wrote) to the devices they name (those of the
+    vendors whose backend says ``xid_log``: NVIDIA; a record of another PCI address changes nothing); returns why the
+    log could not be read (their ``xid_events`` then stay as the driver left them: None when it could not tell
+    either).  ``memo``: xid.read_journal's, kept by the guard."""
     logged = [dev for dev in devices if vendor_backend(dev.vendor).xid_log]
     if not logged:
         return None

@@ -12,13 +12,21 @@ catalogue, "Analyzing Xid Errors with the Xid Catalog" (docs.nvidia.com/deploy/x
 Ampere-and-newer catalogue and its "Resolution Bucket (Immediate Action)" column).
 
 The kernel log: the driver prints ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen
-off the bus.`` (older drivers: no ``PCI:``, no pid, or ``pid='<unknown>'``).  ``read_kmsg()`` reads what
-``/dev/kmsg`` holds now without blocking (one record per read; root, or CAP_SYSLOG, is needed) and turns
-the Xid records into XidEvents; ``$_GPUFLEET_KMSG`` names another file in the same format (the
-simulator's per-node fake kernel log: an internal test seam, never a user option).  Where ``/dev/kmsg``
-cannot be opened (the guard's systemd unit keeps ``ProtectKernelLogs=yes`` and grants no CAP_SYSLOG; a
-container without it), the kernel messages of this boot come from the journal instead: ``journalctl -k``
-(an argument list, bounded in entries, bytes and time; ``read_journal``).
+off the bus.`` (krcReportXid in NVIDIA's open kernel modules: ``NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[
+GPU-CI:%02u]]): %d, pid=%s, name=%s, %s``; older drivers: no ``name=``, or no ``pid=``).  A record is an Xid
+only when the kernel wrote it (a /dev/kmsg record of facility 0, a journal entry of ``_TRANSPORT=kernel``
+without another facility) and its message BEGINS with that prefix in exactly that format; the pid and name
+are read at their places right after the code, never searched for.  Users can make the kernel print text
+of theirs (a process name at the start of some messages, file, cgroup and device names inside them) and
+can write to /dev/kmsg where it is writable (always another facility): docs/health.md, "What users can
+make the kernel print", says why none of it passes.  ``read_kmsg()`` reads what ``/dev/kmsg`` holds now
+without blocking (one record per read; root, or CAP_SYSLOG, is needed) and keeps, per GPU, what a device
+keeps (model.keep_xid_event: a flood of mild events never pushes out a severe one, and memory stays
+bounded); ``$_GPUFLEET_KMSG`` names another file in the same format (the simulator's per-node fake kernel
+log: an internal test seam, never a user option).  Where ``/dev/kmsg`` cannot be opened (the guard's
+systemd unit keeps ``ProtectKernelLogs=yes`` and grants no CAP_SYSLOG; a container without it), the kernel
+messages of this boot come from the journal instead: ``journalctl -k`` (an argument list, bounded in
+entries, bytes and time; ``read_journal``).
 """
 
 from __future__ import annotations
@@ -30,7 +38,8 @@ import os
 import re
 import time
 
-from .model import XidEvent
+from .model import MAX_XID_CODES, MAX_XID_EVENTS, XidEvent, keep_xid_event
+from .safe_files import find_program
 from .text import printable
 
 KMSG_PATH = '/dev/kmsg'
@@ -44,13 +53,20 @@ MAX_MESSAGE = 512
 # The journal fallback: the newest entries of this boot's kernel messages, and how long journalctl may take.
 JOURNAL_ENTRIES = 20000
 JOURNAL_TIMEOUT = 10.0
-# The journal memo a guard tick keeps in its state (read_journal ``memo``): this boot's cursor and the newest
-# Xid events already read, so a tick asks journalctl only for the kernel lines after the cursor.
-MEMO_EVENTS = 512
+# GPUs (PCI addresses) one read keeps the events of, MAX_XID_EVENTS each: a node has fewer.
+MAX_XID_BUSES = 64
+# The journal memo a guard tick keeps in its state (read_journal ``memo``): this boot's cursor, the Xid events
+# already read as the devices keep them, and their counts, so a tick asks journalctl only for the kernel lines
+# after the cursor.
+MEMO_EVENTS = MAX_XID_BUSES * MAX_XID_EVENTS
+# The /dev/kmsg record's first field is facility * 8 + level; the kernel's own messages have facility 0
+# (LOG_KERN), and a write to /dev/kmsg never does (the kernel makes it LOG_USER unless it names another one).
+KERNEL_FACILITY = 0
 MAX_CURSOR = 512
 BOOT_ID_PATH = '/proc/sys/kernel/random/boot_id'
 _CURSOR_RE = re.compile(r'^[0-9A-Za-z=;_\-]+$')
 _BOOT_RE = re.compile(r'^[0-9a-f]{32}$')
+_CODE_RE = re.compile(r'^[0-9]{1,7}$')
 
 FAULTS = ('application', 'gpu', 'driver', 'system', 'unknown')
 ACTIONS = ('none', 'kill_app', 'reset', 'drain', 'reboot')
@@ -94,10 +110,15 @@ XID_TABLE = {
     154: ('GPU recovery action changed: the driver\'s recovery action field says what to do', 'driver', 'none'),
 }
 
-_XID_RE = re.compile(r'NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2})(?:\.[0-7])?\): (\d{1,5}),? ?(.*)')
-_PID_RE = re.compile(r"\bpid=(?:(\d{1,10})|'?<unknown>'?)")
-_NAME_RE = re.compile(r'\bname=([^,]*)')
-_WHO_RE = re.compile(r"^\s*pid=[^,]*,\s*(?:name=[^,]*,\s*)?")
+# The driver's prefix, anchored at the start of the message (parse_line uses match, never search): the PCI
+# address as %04x:%02x:%02x, an optional MIG attribution, ``): ``, the code as %d and ``, ``.
+_XID_RE = re.compile(r'NVRM: Xid \(PCI:([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2})(?: GPU-I:[0-9]{2,5}(?: GPU-CI:[0-9]{2,5})?)?\): '
+                     r'([1-9][0-9]{0,4}), ')
+# Right after the code: ``pid=%s, `` (digits or '<unknown>'), then ``name=%s, `` (the client's process name).
+_WHO_RE = re.compile(r"pid=(?:([0-9]{1,10})|'<unknown>'), (?:name=(.{1,64}?), )?", re.S)
+# A /dev/kmsg record's header: PRIO,SEQ,USEC,FLAGS[,more] (decimal numbers: the kernel's own format)
+_HEADER_RE = re.compile(r'([0-9]{1,10}),([0-9]{1,20}),([0-9]{1,20}),[^;\n]*\Z')
+_KMSG_ESCAPE_RE = re.compile(rb'\\x([0-9a-f]{2})')
 
 
 def classify(code):
@@ -126,34 +147,47 @@ def make_event(code, source, time_s=None, pid=None, name=None, pci_bus_id=None, 
 
 
 def parse_line(text, time_s=None):
-    """An XidEvent (source ``kmsg``) from one kernel-log message, or None when it is no Xid line."""
-    match = _XID_RE.search(text)
+    """An XidEvent (source ``kmsg``) from one kernel message, or None when the message does not BEGIN with the
+    driver's prefix in its exact format (``NVRM: Xid (PCI:%04x:%02x:%02x): %d, ``).  The pid and name are read
+    at their places right after the code (``pid=<digits>, name=<comm>, ``); a name is at most 64 characters
+    and ends at the first ``, `` (a process whose name holds ``, `` is named wrongly: nothing it can use).
+    Where the text came from (the kernel, not a user) is for the caller to know: parse_record, _journal_events."""
+    match = _XID_RE.match(text) if isinstance(text, str) else None
     if match is None:
         return None
-    rest = match.group(3)
+    rest = text[match.end():]
     pid = name = None
-    found = _PID_RE.search(rest)
-    if found and found.group(1):
-        pid = int(found.group(1))
-    found = _NAME_RE.search(rest)
-    if found and found.group(1).strip() and found.group(1).strip() not in ('<unknown>', "'<unknown>'"):
-        name = printable(found.group(1).strip()[:64])
-    return make_event(int(match.group(2)), 'kmsg', time_s=time_s, pid=pid, name=name, pci_bus_id=match.group(1).lower(),
-                      message=printable(_WHO_RE.sub('', rest).strip()[:MAX_MESSAGE]) or None)
+    who = _WHO_RE.match(rest)
+    if who is not None:
+        pid = int(who.group(1)) if who.group(1) and int(who.group(1)) > 0 else None
+        if who.group(2) and who.group(2) != '<unknown>':
+            name = printable(who.group(2))
+        rest = rest[who.end():]
+    return make_event(int(match.group(2)), 'kmsg', time_s=time_s, pid=pid, name=name, pci_bus_id=match.group(1),
+                      message=printable(rest.strip()[:MAX_MESSAGE]) or None)
+
+
+def unescape_kmsg(text):
+    """A /dev/kmsg message as the kernel logged it: /dev/kmsg writes each byte below 0x20, from 0x7f, and the
+    backslash as ``\\xNN`` (so a user's own ``\\x4e`` arrives as ``\\x5cx4e`` and stays that text)."""
+    if '\\x' not in text:
+        return text
+    data = _KMSG_ESCAPE_RE.sub(lambda found: bytes((int(found.group(1), 16),)), text.encode('utf-8', 'surrogateescape'))
+    return data.decode('utf-8', 'replace')
 
 
 def parse_record(record, boot_epoch):
-    """An XidEvent from one /dev/kmsg record (``PRIO,SEQ,USEC,FLAGS;MESSAGE``, continuation lines after it)."""
+    """An XidEvent from one /dev/kmsg record (``PRIO,SEQ,USEC,FLAGS;MESSAGE``, dictionary lines after it), or None.
+
+    Only a record the kernel wrote counts: a well-formed header whose PRIO (facility * 8 + level) has facility 0.
+    Whatever is written to /dev/kmsg (by anyone, root included) has facility LOG_USER or another one it names."""
     header, sep, message = record.partition(';')
-    if not sep:
-        return parse_line(record)
-    fields = header.split(',')
-    time_s = stamp = None
-    if len(fields) >= 3 and fields[2].isdigit():
-        stamp = int(fields[2])
-        if boot_epoch is not None:
-            time_s = round(boot_epoch + stamp / 1e6, 3)
-    return with_stamp(parse_line(message.split('\n', 1)[0], time_s), stamp)
+    fields = _HEADER_RE.match(header) if sep else None
+    if fields is None or int(fields.group(1)) >> 3 != KERNEL_FACILITY:
+        return None
+    stamp = int(fields.group(3))
+    time_s = round(boot_epoch + stamp / 1e6, 3) if boot_epoch is not None else None
+    return with_stamp(parse_line(unescape_kmsg(message.split('\n', 1)[0]), time_s), stamp)
 
 
 def with_stamp(event, stamp):
@@ -166,10 +200,51 @@ def with_stamp(event, stamp):
     return event
 
 
+class XidEvents(list):
+    """The Xid events one read of the kernel log kept, oldest first (a list of XidEvents), and ``counts``:
+    {PCI address as the records give it: {code: n}}, every event read, kept or not."""
+
+    counts = None
+
+
+class XidFold(object):
+    """Folds the events of one read per GPU (PCI address) as a device keeps them (model.keep_xid_event), as they
+    are read: memory is bounded whatever the log holds (MAX_XID_BUSES addresses, MAX_XID_EVENTS events each)."""
+
+    def __init__(self):
+        self.buses = {}   # pci_key -> [PCI address text, kept events, {code: n}]
+
+    def _slot(self, pci):
+        key = pci_key(pci)
+        slot = self.buses.get(key)
+        if slot is None and key is not None and len(self.buses) < MAX_XID_BUSES:
+            slot = self.buses[key] = [pci, [], {}]
+        return slot
+
+    def add(self, event, counted=True):
+        """Keep ``event`` (an XidEvent, or None: nothing) with the others of its GPU."""
+        slot = self._slot(event.pci_bus_id) if event is not None else None
+        if slot is not None:
+            keep_xid_event(slot[1], slot[2] if counted else None, event)
+
+    def count(self, pci, counts):
+        """Add ``counts`` ({code: n}) to the counts of the GPU ``pci``."""
+        slot = self._slot(pci)
+        for code, number in counts.items() if slot is not None else ():
+            if code in slot[2] or len(slot[2]) < MAX_XID_CODES:
+                slot[2][code] = slot[2].get(code, 0) + number
+
+    def events(self):
+        out = XidEvents(sorted((event for _pci, kept, _counts in self.buses.values() for event in kept),
+                               key=lambda event: (event.time is None, event.time or 0)))
+        out.counts = dict((pci, dict(counts)) for pci, _kept, counts in self.buses.values())
+        return out
+
+
 def read_kmsg(path=None, now=None, monotonic=None, memo=None):
-    """(events, error): the Xid events in the kernel log now, read without blocking; error is None, or why
-    the log could not be read (then events is None: nobody can tell).  ``memo``: read_journal's, for the
-    journal fallback."""
+    """(events, error): the Xid events in the kernel log now (XidEvents: as the devices keep them, with the counts),
+    read without blocking; error is None, or why the log could not be read (then events is None: nobody can tell).
+    ``memo``: read_journal's, for the journal fallback."""
     path = path or os.environ.get(KMSG_ENV) or KMSG_PATH
     wall = time.time() if now is None else now
     mono = time.monotonic() if monotonic is None else monotonic
@@ -182,65 +257,68 @@ def read_kmsg(path=None, now=None, monotonic=None, memo=None):
             return None, error
         events, why = read_journal(memo=memo)
         return (events, None) if events is not None else (None, '%s; %s' % (error, why))
-    events = []
-    pending = b''
-    total = 0
+    fold = XidFold()
     try:
-        import stat  # pylint: disable=import-outside-toplevel
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        for _record in range(MAX_RECORDS):
-            try:
-                chunk = os.read(fd, 65536 if regular else 8192)
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:   # records overwritten while reading: go on with the next one
-                    continue
-                if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-                    break                       # nothing more now: never wait for new records
-                if exc.errno == errno.EINTR:
-                    continue
-                return None, 'cannot read the kernel log %s: %s' % (path, exc.strerror or exc)
-            if not chunk:
-                break
-            total += len(chunk)
-            if regular:
-                pending += chunk
-                lines = pending.split(b'\n')
-                pending = lines.pop()
-            else:
-                lines = [chunk]                 # /dev/kmsg: one record per read
-            for line in lines:
-                if b'Xid' in line:
-                    event = parse_record(line.decode('utf-8', 'replace'), boot_epoch)
-                    if event is not None:
-                        events.append(event)
-            if total > MAX_BYTES:
-                break
-        if pending and b'Xid' in pending:
-            event = parse_record(pending.decode('utf-8', 'replace'), boot_epoch)
-            if event is not None:
-                events.append(event)
+        error = _read_records(fd, path, lambda line: fold.add(parse_record(line.decode('utf-8', 'replace'), boot_epoch)))
     finally:
         os.close(fd)
-    return events, None
+    return (None, error) if error else (fold.events(), None)
+
+
+def _read_records(fd, path, take):
+    """Pass each record of the kernel log ``fd`` that mentions an Xid to ``take`` (at most MAX_RECORDS reads and
+    MAX_BYTES); returns None, or why the log could not be read."""
+    import stat  # pylint: disable=import-outside-toplevel
+    regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    pending = b''
+    total = 0
+    for _record in range(MAX_RECORDS):
+        try:
+            chunk = os.read(fd, 65536 if regular else 8192)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:   # records overwritten while reading: go on with the next one
+                continue
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                break                       # nothing more now: never wait for new records
+            if exc.errno == errno.EINTR:
+                continue
+            return 'cannot read the kernel log %s: %s' % (path, exc.strerror or exc)
+        if not chunk:
+            break
+        total += len(chunk)
+        if regular:
+            lines = (pending + chunk).split(b'\n')
+            pending = lines.pop()
+        else:
+            lines = [chunk]                 # /dev/kmsg: one record per read
+        for line in lines:
+            if b'Xid' in line:
+                take(line)
+        if total > MAX_BYTES:
+            break
+    if pending and b'Xid' in pending:
+        take(pending)
+    return None
 
 
 def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT, memo=None, boot_id=None):
     """(events, error): the Xid events among this boot's kernel messages in the journal (``journalctl -k -b -o json``,
-    its newest JOURNAL_ENTRIES entries, at most MAX_BYTES of output, within ``timeout`` seconds).
+    its newest JOURNAL_ENTRIES entries, at most MAX_BYTES of output, within ``timeout`` seconds), as XidEvents.
 
     ``memo``: a dict kept between calls (the guard's state, checked by ``valid_memo``), changed in place: this boot's
-    journal cursor and the newest MEMO_EVENTS Xid events read.  With a cursor of this boot, only the entries after it
-    are read (``--after-cursor``) and the events are the memo's plus the new ones; the full read instead when there
-    is no memo (first tick), the cursor is another boot's, journalctl rejects it (rotated journal), or JOURNAL_ENTRIES
-    new entries came (more may wait: the newest ones are read, as without a memo)."""
-    journalctl = journalctl or importlib.import_module('shutil').which('journalctl')
+    journal cursor, the Xid events read as the devices keep them, and their counts.  With a cursor of this boot, only
+    the entries after it are read (``--after-cursor``) and folded into the memo's events (the same events and counts
+    a full read gives); the full read instead when there is no memo (first tick), the cursor is another boot's,
+    journalctl rejects it (rotated journal), or JOURNAL_ENTRIES new entries came (more may wait: the newest ones are
+    read, as without a memo)."""
+    journalctl = journalctl or find_program('journalctl')
     if not journalctl:
         return None, 'no journalctl to read the kernel messages from the journal'
     boot = current_boot_id() if boot_id is None else boot_id
     if memo is not None and memo.get('cursor') and boot and memo.get('boot') == boot:
         entries, error = _journal_entries(journalctl, timeout, ['--after-cursor', memo['cursor']])
         if entries is not None and len(entries) < JOURNAL_ENTRIES:
-            events = [event_from_dict(item) for item in memo.get('events') or ()] + _journal_events(entries)
+            events = _folded(_memo_fold(memo), entries)
             _remember(memo, boot, entries, events)
             return events, None
     entries, error = _journal_entries(journalctl, timeout, [])
@@ -248,7 +326,7 @@ def read_journal(journalctl=None, timeout=JOURNAL_TIMEOUT, memo=None, boot_id=No
         if memo is not None:
             memo.clear()
         return None, error
-    events = _journal_events(entries)
+    events = _folded(XidFold(), entries)
     if memo is not None:
         memo.clear()
         _remember(memo, boot, entries, events)
@@ -284,10 +362,19 @@ def _journal_entries(journalctl, timeout, extra):
     return entries, None
 
 
+def _from_kernel(entry):
+    """Whether a journal entry is a message the kernel logged: journald's own ``_TRANSPORT=kernel`` (no client can
+    set a field that starts with ``_``) and no ``SYSLOG_FACILITY`` (journald adds it to a /dev/kmsg record of another
+    facility than the kernel's: what userspace wrote there).  ``logger``, ``systemd-cat`` and journal clients arrive
+    with another transport."""
+    return entry.get('_TRANSPORT') == 'kernel' and entry.get('SYSLOG_FACILITY') in (None, str(KERNEL_FACILITY))
+
+
 def _journal_events(entries):
+    """The Xid events of the kernel's own entries among ``entries`` (journalctl's JSON), in their order."""
     events = []
     for entry in entries:
-        message = entry.get('MESSAGE')
+        message = entry.get('MESSAGE') if _from_kernel(entry) else None
         if isinstance(message, list):   # journald's form of a message that is not valid UTF-8
             message = bytes(b & 0xff for b in message if isinstance(b, int)).decode('utf-8', 'replace')
         stamp = entry.get('__REALTIME_TIMESTAMP')
@@ -299,15 +386,35 @@ def _journal_events(entries):
     return events
 
 
+def _folded(fold, entries):
+    """XidEvents: ``fold`` with the Xid events of the journal ``entries`` added."""
+    for event in _journal_events(entries):
+        fold.add(event)
+    return fold.events()
+
+
 def _remember(memo, boot, entries, events):
-    """Keep the last entry's cursor (or the one the memo had, when nothing new came) and the newest events."""
+    """Keep the last entry's cursor (or the one the memo had, when nothing new came), the events and their counts."""
     for entry in reversed(entries):
         cursor = entry.get('__CURSOR')
         if isinstance(cursor, str) and len(cursor) <= MAX_CURSOR and _CURSOR_RE.match(cursor):
             memo['cursor'] = cursor
             break
     memo['boot'] = boot
-    memo['events'] = [event_dict(event) for event in events[-MEMO_EVENTS:]]
+    memo['events'] = [event_dict(event) for event in events]
+    memo['counts'] = dict((pci, dict((str(code), number) for code, number in counts.items()))
+                          for pci, counts in events.counts.items())
+
+
+def _memo_fold(memo):
+    """An XidFold holding the memo's events and counts (a memo without counts: each event counts once)."""
+    fold = XidFold()
+    counts = memo.get('counts')
+    for item in memo.get('events') or ():
+        fold.add(event_from_dict(item), counted=counts is None)
+    for pci, by_code in (counts or {}).items():
+        fold.count(pci, dict((int(code), number) for code, number in by_code.items()))
+    return fold
 
 
 def read_boot_id(path=BOOT_ID_PATH):
@@ -352,10 +459,25 @@ def _valid_event(item):
             and item['pci_bus_id'] is not None)
 
 
+def _valid_counts(counts):
+    """The memo's counts: at most MAX_XID_BUSES PCI addresses, each {code (decimal text): count} of at most
+    MAX_XID_CODES codes."""
+    def pci(value):
+        return isinstance(value, str) and len(value) <= 64 and pci_key(value) is not None
+
+    def by_code(value):
+        return isinstance(value, dict) and len(value) <= MAX_XID_CODES and all(
+            isinstance(code, str) and _CODE_RE.match(code) and isinstance(number, int) and not isinstance(number, bool)
+            and 0 <= number < 1 << 40 for code, number in value.items())
+    return isinstance(counts, dict) and len(counts) <= MAX_XID_BUSES and all(
+        pci(key) and by_code(value) for key, value in counts.items())
+
+
 def valid_memo(data):
     """The journal memo of a loaded state: ``data`` when it is one read_journal wrote (bounded, every field of the
-    expected type), else {} (the next read is the full one; nothing else of the state is lost)."""
-    if not isinstance(data, dict) or set(data) - {'cursor', 'boot', 'events'}:
+    expected type, at most MAX_XID_EVENTS events per GPU), else {} (the next read is the full one; nothing else of
+    the state is lost)."""
+    if not isinstance(data, dict) or set(data) - {'cursor', 'boot', 'events', 'counts'}:
         return {}
     cursor, boot, events = data.get('cursor'), data.get('boot'), data.get('events', [])
     if cursor is not None and not (isinstance(cursor, str) and len(cursor) <= MAX_CURSOR and _CURSOR_RE.match(cursor)):
@@ -364,23 +486,41 @@ def valid_memo(data):
         return {}
     if not isinstance(events, list) or len(events) > MEMO_EVENTS or not all(_valid_event(item) for item in events):
         return {}
+    per_gpu = {}
+    for item in events:
+        key = pci_key(item['pci_bus_id'])
+        per_gpu[key] = per_gpu.get(key, 0) + 1
+    if None in per_gpu or len(per_gpu) > MAX_XID_BUSES or any(number > MAX_XID_EVENTS for number in per_gpu.values()):
+        return {}
+    if 'counts' in data and not _valid_counts(data['counts']):
+        return {}
     return data
 
 
 def join_events(devices, events):
-    """Give each event (from the kernel log) to the device of ``devices`` with its PCI address (the caller
-    passes the GPUs whose backend says ``xid_log``: NVIDIA's); returns the events that named no device here."""
-    by_pci = {}
-    for dev in devices:
-        if dev.pci_bus_id:
-            by_pci[pci_key(dev.pci_bus_id)] = dev
+    """Give the events of one read to the devices of ``devices`` with their PCI address (domain, bus and device;
+    the caller passes the GPUs whose backend says ``xid_log``: NVIDIA's), with the read's counts (XidEvents; a
+    plain list: each event counts once).  An event whose address is no GPU of ``devices`` changes nothing (no
+    health, no metric, no ladder step): returns those events."""
+    by_pci = dict((pci_key(dev.pci_bus_id), dev) for dev in devices if dev.pci_bus_id)
+    grouped = {}
     unmatched = []
     for event in events:
-        dev = by_pci.get(pci_key(event.pci_bus_id))
-        if dev is None:
-            unmatched.append(event)
+        key = pci_key(event.pci_bus_id)
+        if key in by_pci:
+            grouped.setdefault(key, []).append(event)
         else:
-            dev.add_xid_event(event)
+            unmatched.append(event)
+    counts = getattr(events, 'counts', None)
+    if counts is None:
+        for key, kept in grouped.items():
+            for event in kept:
+                by_pci[key].add_xid_event(event)
+        return unmatched
+    counted = dict((pci_key(pci), by_code) for pci, by_code in counts.items())
+    for key in set(grouped) | set(counted):
+        if key in by_pci:
+            by_pci[key].add_xid_events(grouped.get(key, ()), counted.get(key, {}))
     return unmatched
 
 

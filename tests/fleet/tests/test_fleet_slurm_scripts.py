@@ -9,22 +9,28 @@ jobs of alice and bob whose `python3 train.py` holds a simulated GPU.
 1. proctrack/linuxproc (a double-forked daemon escapes the job, as on many sites): alice's job leaves its training
    process and its detached child on its GPU; the epilog ends them, the memory is confirmed free, bob's job on the
    same node is untouched.  With a release delay above the bound the epilog drains the node, naming the GPU and the
-   MiB.  On a node without the epilog, the next job's prolog refuses the GPU the ended job's process still holds:
-   the node is drained and the job requeued, the process left alone (nothing proves it stale).
+   MiB.  On a node without the epilog, the next job's prolog proves the ended job's process stale (it started inside
+   that job, and its user runs nothing else there), ends it and lets the job run.
 2. proctrack/cgroup: a guard tick with require_allocation flags the process of alice's job on a GPU Slurm did not give
    the job, with the job, its GPUs and the GPU used, and leaves her process on her own GPU alone.
+3. issue 28, with proctrack/linuxproc and with proctrack/cgroup: job A's leftover also sits on a GPU of her running
+   job B; the epilog ends it (or, without an epilog, the next prolog does, and the job runs), B is untouched, no node
+   is drained for it.  What could be B's (it started after B did) is spared, and the prolog refuses for it while B
+   runs, and ends it once B has ended.
 
-SAFETY: every process signalled is one the test's own jobs started (the epilog and prolog act on their own, and the
-test checks they touched nothing else); everything lives in the fleet's PID namespaces and goes with
-tests/fleet/down (in a finally), on 127.0.0.1.
+SAFETY: every process signalled is one the test started (its jobs' workloads, and alice's workloads it started in a
+node with gpusim spawn --user); the epilog and prolog act on their own, and the test checks they touched nothing else;
+everything lives in the fleet's PID namespaces and goes with tests/fleet/down (in a finally), on 127.0.0.1.
 """
 
 import json
 import os
+import pwd
 import re
 import shlex
 import sqlite3
 import sys
+import time
 
 import pytest
 
@@ -38,7 +44,8 @@ BOUND_S = 3            # the release bound the test installs (the default is 60 
 
 # The job: its workload (python3 train.py and one detached child) on the first GPU Slurm gave it, then (HOLD=0) the
 # job ends at once, leaving them behind where proctrack/linuxproc does not see them, or (HOLD=1) waits like a job
-# does.  OTHER=1 puts the workload on a GPU the job was not given.
+# does, or (UNTIL=PATH) ends once the test creates PATH (at most 120 s).  OTHER=1 puts the workload on a GPU the job
+# was not given.
 JOB = '''#!/bin/sh
 . /etc/profile.d/zz-gpusim.sh
 PY=$(command -v python3); "$PY" -c '' 2>/dev/null || PY=/usr/bin/python3
@@ -47,6 +54,7 @@ gpu=${SLURM_JOB_GPUS%%%%,*}
 pid=$("$PY" "$(command -v gpusim)" spawn --gpu "$gpu" --mib %d --children 1 -- python3 train.py) || exit 1
 echo "gpus=$SLURM_JOB_GPUS gpu=$gpu workload=$pid"
 if [ "$HOLD" = 1 ]; then while kill -0 "$pid" 2>/dev/null; do sleep 1; done; fi
+if [ -n "$UNTIL" ]; then n=0; while [ ! -e "$UNTIL" ] && [ $n -lt 600 ]; do sleep 0.2; n=$((n + 1)); done; fi
 '''
 
 APPLY = '''---
@@ -99,14 +107,26 @@ class Fleet(object):
         run([PLAYBOOK, '-i', os.path.join(self.dir, 'inventory.ini'), playbook],
             env=dict(self.env, ANSIBLE_COLLECTIONS_PATH=self.collections, ANSIBLE_NOCOLOR='1'), timeout=600)
 
-    def sbatch(self, user, node, gres, mib, hold=False, other=False):
+    def sbatch(self, user, node, gres, mib, hold=False, other=False, until=''):
         script = os.path.join(self.out, 'job-%d.sh' % mib)
         with open(script, 'w') as handle:
             handle.write(JOB % mib)
         os.chmod(script, 0o755)
         out = run(['sbatch', '--parsable', '-w', node, '--gres=gpu:%d' % gres, '-o', os.path.join(self.out, '%j.out'),
-                   '--export=ALL,HOLD=%d,OTHER=%d' % (hold, other), script], env=self.slurm_env, user=user)
+                   '--export=ALL,HOLD=%d,OTHER=%d,UNTIL=%s' % (hold, other, until), script], env=self.slurm_env, user=user)
         return out.strip().split(';')[0]
+
+    def spawn(self, node, user, gpu, mib):
+        """``user``'s python3 train.py (and a detached child) on ``gpu`` of ``node``, outside any job, as a login would
+        start it: root's gpusim spawn --user in the node; its pid."""
+        return int(self.on(node, 'gpusim', 'spawn', '--user', user, '--gpu', gpu, '--mib', mib, '--children', 1, '--',
+                           'python3', 'train.py').strip())
+
+    def site_epilog(self, node):
+        """``node``'s epilog directory gets a site epilog that cleans nothing (Slurm 22.05 fails an epilog whose glob
+        matches no file: "Unable to create list of paths", and drains the node)."""
+        self.on(node, 'sh', '-c', 'mkdir -p %s && printf "#!/bin/sh\\nexit 0\\n" > %s/00-site && chmod 755 %s/00-site' % (
+            EPILOG_D, EPILOG_D, EPILOG_D))
 
     def workload(self, jobid):
         log = os.path.join(self.out, '%s.out' % jobid)
@@ -149,10 +169,7 @@ def test_epilog_ends_the_jobs_leftovers_drains_on_a_slow_release_and_the_prolog_
     try:
         fleet.up(3)
         fleet.apply('node02,node03', {})
-        # node03's epilog directory holds a site epilog of its own that cleans nothing (Slurm 22.05 fails an epilog whose
-        # glob matches no file: "Unable to create list of paths", and drains the node)
-        fleet.on('node03', 'sh', '-c', 'mkdir -p %s && printf "#!/bin/sh\\nexit 0\\n" > %s/00-site && chmod 755 %s/00-site' % (
-            EPILOG_D, EPILOG_D, EPILOG_D))
+        fleet.site_epilog('node03')
         # the role found the globs in slurm.conf and put the scripts there (node03: the prolog only)
         assert fleet.on('node02', 'ls', EPILOG_D, PROLOG_D).split() == ['%s:' % EPILOG_D, '50-gpufleet', '%s:' % PROLOG_D, '50-gpufleet']
         assert fleet.on('node03', 'ls', EPILOG_D).split() == ['00-site'] and fleet.on('node03', 'ls', PROLOG_D).split() == ['50-gpufleet']
@@ -188,22 +205,24 @@ def test_epilog_ends_the_jobs_leftovers_drains_on_a_slow_release_and_the_prolog_
         assert 'Reason=%s' % reason in node, node
         assert fleet.entry('node02', bob_pid)['alive'] and 'JobState=RUNNING' in fleet.job(bob)
         fleet.on('node02', 'gpusim', 'set', '--release-delay-ms', '0')
-        # 3. node03 has no epilog: the ended job's process stays on GPU 0; the next job's prolog refuses all 4 GPUs
+        # 3. node03 has no epilog: the ended job's process stays on GPU 0; the next job's prolog proves it stale (it
+        #    started inside that ended job, and alice runs nothing else there), ends it, and the job runs
         first = fleet.sbatch('alice', 'node03', 4, 2048)
         _gpus, busy_gpu, busy_pid = fleet.workload(first)
         wait_for('job %s to complete' % first, lambda: 'JobState=COMPLETED' in fleet.job(first), timeout=60)
-        assert fleet.entry('node03', busy_pid)['alive']
+        busy = fleet.entry('node03', busy_pid)
+        assert busy['alive']
         second = fleet.sbatch('bob', 'node03', 4, 1024, hold=True)
-        node = wait_for('node03 drained', lambda: fleet.drained('node03'), timeout=60)
-        assert re.search(r'Reason=gpufleet: GPU %d holds 2048 MiB \(pids [0-9,]*%d[0-9,]*\) before job %s' % (busy_gpu, busy_pid, second), node), node
-        wait_for('job %s requeued' % second, lambda: 'JobState=PENDING' in fleet.job(second), timeout=60)
-        job = fleet.job(second)
-        assert not os.path.exists(os.path.join(fleet.out, '%s.out' % second)) or 'workload=' not in open(os.path.join(fleet.out, '%s.out' % second)).read()
+        _gpus, _gpu, second_pid = fleet.workload(second)
         prolog = [r for r in fleet.log('node03', 'slurm_prolog') if r['job']['job'] == second]
-        assert prolog and prolog[0]['rc'] == 1 and prolog[0]['killed'] == [] and prolog[0]['blocking'], prolog
-        assert fleet.entry('node03', busy_pid)['alive']   # not provably stale: left alone
-        sys.stderr.write('slurm scripts: epilog released %s MiB in %ss; prolog refused in %ss; requeued: %s\n' % (
-            2048, release_s, prolog[0]['seconds'], re.search(r'Reason=(\S+)', job).group(1)))
+        assert len(prolog) == 1 and prolog[0]['rc'] == 0 and prolog[0]['drained'] is None and prolog[0]['blocking'] == [], prolog
+        assert sorted(k['pid'] for k in prolog[0]['killed']) == sorted([busy_pid] + busy['children']), prolog
+        assert all(_why_is(k['why'], 'left over from job %s (COMPLETED)' % first) for k in prolog[0]['killed']), prolog
+        assert fleet.ended('node03', busy_pid) and prolog[0]['release'][str(busy_gpu)]['released'], prolog
+        assert fleet.drained('node03') is None and 'JobState=RUNNING' in fleet.job(second)
+        run(['scancel', bob, second], env=fleet.slurm_env)
+        sys.stderr.write('slurm scripts: epilog released %s MiB in %ss; the prolog ended the leftover in %ss\n' % (
+            2048, release_s, prolog[0]['seconds']))
     finally:
         fleet.down()
 
@@ -236,5 +255,123 @@ def test_a_tick_with_require_allocation_flags_a_process_on_a_gpu_its_job_was_not
             conn.close()
         assert jobs == {good_pid: good, bad_pid: bad}, jobs
         run(['scancel', good, bad], env=fleet.slurm_env)
+    finally:
+        fleet.down()
+
+
+def _leftover_on_a_running_job(fleet, node, tag):
+    """alice's job A holds a GPU; her leftover-to-be P starts on it (proctrack/linuxproc: A's own workload, which escapes
+    the job; proctrack/cgroup: her process outside any job cgroup, as a login starts it); more than 2 s later her job B
+    starts on another GPU, and P creates a context there too (gpusim attach).  A ends once ``release()`` is called.
+    Returns a dict of the jobs, pids and GPUs."""
+    until = os.path.join(fleet.out, 'release-%s' % tag)
+    a = fleet.sbatch('alice', node, 1, 2048, until=until)
+    (a_gpu,), _gpu, a_pid = fleet.workload(a)
+    p = a_pid if fleet.proctrack == 'linuxproc' else fleet.spawn(node, 'alice', a_gpu, 2048)
+    time.sleep(2.5)   # B starts (slurmctld's whole seconds) more than 2 s after P did: P cannot be one of B's processes
+    b = fleet.sbatch('alice', node, 1, 1024, hold=True)
+    (b_gpu,), _gpu, q = fleet.workload(b)
+    assert b_gpu != a_gpu
+    fleet.on(node, 'gpusim', 'attach', '--pid', p, '--gpu', b_gpu, '--mib', 1024)
+    assert fleet.gpusim(node)['gpus'][b_gpu]['used_mib'] == 2048       # B's own 1024 and P's 1024
+    return {'a': a, 'a_gpu': a_gpu, 'a_pid': a_pid, 'p': p, 'p_kids': fleet.entry(node, p)['children'], 'b': b, 'b_gpu': b_gpu,
+            'q': q, 'release': lambda: open(until, 'w').close()}
+
+
+def _why_is(why, text):
+    """The decision's reason begins with ``text``, itself or as the reason of the family it was judged with."""
+    return why.startswith(text) or re.match(r'in the family of pid \d+ \(\w+\): %s' % re.escape(text), why) is not None
+
+
+def _ended_job(fleet, jobid):
+    return wait_for('job %s to end' % jobid, lambda: re.search(r'JobState=(COMPLETED|CANCELLED)', fleet.job(jobid)), timeout=60).group(1)
+
+
+@pytest.mark.parametrize('proctrack', ['linuxproc', 'cgroup'])
+def test_a_leftover_on_a_gpu_of_its_users_running_job_is_ended_and_no_node_is_drained_for_it(tmp_path, shared_dir, proctrack):
+    """Issue 28: job A's leftover also sits on a GPU of her running job B.  The epilog ends it (node02), or, where no
+    epilog runs, the next job's prolog proves it stale, ends it and lets the job run (node03); B is untouched and no
+    node is drained for it.  A process of hers that started after B started and also uses B's GPU could be B's: A's
+    epilog spares it (and its worker, with it) and the next prolog on its GPU refuses (drains) while B runs; once B has
+    ended, B's epilog ends it (it started inside B's lifetime, on B's GPU) with its worker (which holds its memory), and
+    the next job starts with nothing to end."""
+    if proctrack == 'cgroup' and not os.access('/sys/fs/cgroup/freezer', os.W_OK):
+        pytest.skip('proctrack/cgroup needs a writable cgroup v1 freezer hierarchy (docs/slurm.md)')
+    fleet = Fleet(tmp_path, shared_dir, proctrack)
+    try:
+        fleet.up(3)
+        fleet.apply('node02,node03', {})
+        fleet.site_epilog('node03')
+        # node02, with the epilog
+        case = _leftover_on_a_running_job(fleet, 'node02', 'node02')
+        r = fleet.spawn('node02', 'alice', case['a_gpu'], 512)    # started while B runs, on B's GPU too: it could be B's
+        fleet.on('node02', 'gpusim', 'attach', '--pid', r, '--gpu', case['b_gpu'], '--mib', 256)
+        case['release']()
+        assert _ended_job(fleet, case['a']) == 'COMPLETED'
+        wait_for('the epilog to end the leftover', lambda: fleet.ended('node02', case['p']), timeout=30)
+        epilog = wait_for('the epilog record', lambda: [x for x in fleet.log('node02', 'slurm_epilog') if x['job']['job'] == case['a']])
+        assert len(epilog) == 1 and epilog[0]['rc'] == 0 and epilog[0]['drained'] is None, epilog
+        killed = dict((k['pid'], k['why']) for k in epilog[0]['killed'])
+        mine = sorted([case['p']] + case['p_kids'])
+        if proctrack == 'cgroup':   # A's own workload sat in A's cgroup: Slurm ended it, or the epilog did by that cgroup
+            killed = dict((pid, why) for pid, why in killed.items() if why != "in job %s's cgroup" % case['a'])
+        alice = "uid %d's process started " % pwd.getpwnam('alice').pw_uid
+        assert sorted(killed) == mine and all(_why_is(why, alice) for why in killed.values()), epilog
+        spared = dict((s['pid'], s['why']) for s in epilog[0]['spared'])
+        assert spared[r] == ("started after job %s of the same user started, which is still RUNNING here, so it could be that "
+                             "job's" % case['b']), epilog
+        shown = fleet.gpusim('node02')
+        assert shown['gpus'][case['a_gpu']]['used_mib'] == 512 and shown['gpus'][case['b_gpu']]['used_mib'] == 1024 + 256, shown['gpus']
+        assert fleet.entry('node02', case['q'])['alive'] and fleet.entry('node02', r)['alive'] and 'JobState=RUNNING' in fleet.job(case['b'])
+        assert fleet.drained('node02') is None
+        # bob's next job on that GPU: its prolog cannot prove r stale while B runs, so it refuses (drains) and kills nothing
+        refused = fleet.sbatch('bob', 'node02', 3, 1024, hold=True)
+        node = wait_for('node02 drained', lambda: fleet.drained('node02'), timeout=60)
+        assert re.search(r'Reason=gpufleet: GPU %d holds 512 MiB \(pids [0-9,]*\b%d\b[0-9,]*\) before job %s' % (case['a_gpu'], r, refused), node), node
+        prolog = wait_for('the prolog record', lambda: [x for x in fleet.log('node02', 'slurm_prolog') if x['job']['job'] == refused])
+        blocking = dict((b['pid'], b['why']) for b in prolog[0]['blocking'])
+        assert case['a_gpu'] in prolog[0]['gpus'] and prolog[0]['rc'] == 1 and prolog[0]['killed'] == [] and blocking[r] == (
+            "not provably left over from job %s: started after job %s of the same user started, which is still RUNNING here, so it "
+            "could be that job's" % (case['a'], case['b'])), prolog
+        assert fleet.entry('node02', r)['alive']
+        run(['scancel', refused], env=fleet.slurm_env)
+        run(['scontrol', 'update', 'nodename=node02', 'state=resume'], env=fleet.slurm_env)
+        r_kids = sorted(fleet.entry('node02', r)['children'])
+        assert r_kids and all(spared[kid] == 'in the family of pid %d (spared): %s' % (r, spared[r]) for kid in r_kids), epilog
+        # B ends: r started inside B's lifetime, on B's GPU, and no job left could own it, so B's epilog ends it, and its
+        # worker (on r's other GPU, holding r's memory) with it, beside B's own workload
+        run(['scancel', case['b']], env=fleet.slurm_env)
+        _ended_job(fleet, case['b'])
+        wait_for('B\'s workload to end', lambda: fleet.ended('node02', case['q']), timeout=30)
+        wait_for('B\'s epilog to end r and its worker', lambda: fleet.ended('node02', r), timeout=30)
+        b_epilog = wait_for('B\'s epilog record', lambda: [x for x in fleet.log('node02', 'slurm_epilog') if x['job']['job'] == case['b']])
+        assert set([r] + r_kids) <= set(k['pid'] for k in b_epilog[0]['killed']) and b_epilog[0]['drained'] is None, b_epilog
+        wait_for('node02 idle', lambda: 'State=IDLE' in fleet.node('node02'), timeout=60)
+        later = fleet.sbatch('bob', 'node02', 3, 1024, hold=True)
+        _gpus, _gpu, later_pid = fleet.workload(later)
+        prolog = [x for x in fleet.log('node02', 'slurm_prolog') if x['job']['job'] == later]
+        assert len(prolog) == 1 and prolog[0]['rc'] == 0 and prolog[0]['blocking'] == [] and prolog[0]['killed'] == [], prolog
+        assert fleet.entry('node02', later_pid)['alive'] and fleet.drained('node02') is None
+        run(['scancel', later], env=fleet.slurm_env)
+        # node03, without an epilog: the next prolog ends the leftover and the job runs
+        case3 = _leftover_on_a_running_job(fleet, 'node03', 'node03')
+        case3['release']()
+        assert _ended_job(fleet, case3['a']) == 'COMPLETED'
+        assert fleet.entry('node03', case3['p'])['alive']                       # nothing ended it: no epilog here
+        nxt = fleet.sbatch('bob', 'node03', 3, 1024, hold=True)
+        _gpus, _gpu, nxt_pid = fleet.workload(nxt)
+        prolog = [x for x in fleet.log('node03', 'slurm_prolog') if x['job']['job'] == nxt]
+        assert len(prolog) == 1 and prolog[0]['rc'] == 0 and prolog[0]['drained'] is None and prolog[0]['blocking'] == [], prolog
+        assert sorted(k['pid'] for k in prolog[0]['killed']) == sorted([case3['p']] + case3['p_kids']), prolog
+        assert all(_why_is(k['why'], 'left over from job %s (COMPLETED)' % case3['a']) for k in prolog[0]['killed']), prolog
+        assert prolog[0]['release'][str(case3['a_gpu'])]['released'], prolog
+        shown = fleet.gpusim('node03')
+        assert fleet.ended('node03', case3['p']) and shown['gpus'][case3['b_gpu']]['used_mib'] == 1024, shown['gpus']
+        assert fleet.entry('node03', case3['q'])['alive'] and 'JobState=RUNNING' in fleet.job(case3['b'])
+        assert fleet.entry('node03', nxt_pid)['alive'] and fleet.drained('node03') is None
+        run(['scancel', nxt, case3['b']], env=fleet.slurm_env)
+        sys.stderr.write('slurm provenance (%s): epilog %.2fs, refusing prolog %.2fs, prolog ending a leftover %.2fs\n' % (
+            proctrack, epilog[0]['seconds'], [x for x in fleet.log('node02', 'slurm_prolog') if x['job']['job'] == refused][0]['seconds'],
+            prolog[0]['seconds']))
     finally:
         fleet.down()

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import FAKE_AMD_SMI, FAKE_NVIDIA_SMI, GPUSIM, pid_alive, starttime, wait_until
+from conftest import FAKE_AMD_SMI, FAKE_NVIDIA_SMI, GPUSIM, pid_alive, run_as, starttime, wait_until
 
 
 def cmdline(pid):
@@ -355,6 +355,28 @@ def test_dead_process_not_alive_and_memory_freed(gpusim_node):
     assert by_pid[gone]['alive'] is False and by_pid[gone]['counted_mib'] == 0
     assert by_pid[keep]['alive'] is True and by_pid[keep]['counted_mib'] == 1000
     assert state['gpus'][0]['used_mib'] == 1000
+
+
+def test_attach_lists_a_live_workload_on_a_second_gpu_until_it_dies(gpusim_node):
+    gpusim_node.init('--gpus', '2')
+    pid = gpusim_node.spawn('--gpu', '0', '--mib', '1000', '--children', '1')
+    kid = gpusim_node.entry(pid)['children'][0]
+    gpusim_node.run('attach', '--pid', pid, '--gpu', '1', '--mib', '300')
+    state = gpusim_node.show()
+    assert sorted(e['gpu'] for e in state['processes'] if e['pid'] == pid) == [0, 1]
+    assert [g['used_mib'] for g in state['gpus']] == [1000, 300]
+    for args, code, text in ((['--pid', pid, '--gpu', '1', '--mib', '1'], 1, 'already holds memory on GPU 1'),
+                             (['--pid', pid, '--gpu', '7', '--mib', '1'], 2, 'unknown GPU'),
+                             (['--pid', kid, '--gpu', '1', '--mib', '1'], 1, 'no live workload')):
+        proc = gpusim_node.run('attach', *args, check=False)
+        assert proc.returncode == code and text in proc.stderr, (args, proc.stderr)
+    if os.geteuid() == 0:
+        proc = run_as(pwd.getpwnam('nobody'), gpusim_node, GPUSIM, 'attach', '--pid', str(pid), '--gpu', '1', '--mib', '1')
+        assert proc.returncode == 1 and 'run it as root' in proc.stderr, proc.stderr
+    out = json.loads(gpusim_node.run('kill-all').stdout)
+    assert sorted(out['signalled']) == sorted([pid, kid])      # one signal per process, however many GPUs it is on
+    wait_until(lambda: not pid_alive(pid) and not pid_alive(kid))
+    assert [g['used_mib'] for g in gpusim_node.show()['gpus']] == [0, 0]
 
 
 def test_release_delay_supervisor(gpusim_node):

@@ -6,7 +6,7 @@
 No benchmark figure is asserted (machines are noisy): only that every selected part ran, that
 every tool saw the simulated workloads, that --quick leaves the docs alone, that the results
 section is rewritten between its markers, and that nothing the run started is left behind.
-The external scripts of other parts (kill latency, guard tick, fleet) are left out here.
+The external scripts of other parts (kill latency, guard tick, hostile load, fleet) are left out here
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_quick_run(tmp_path):
     build = tmp_path / 'build'
     env = dict(os.environ, GPUFLEET_BENCH_BUILD=str(build))
     env['PATH'] = os.path.dirname(sys.executable) + ':' + env.get('PATH', '/usr/bin:/bin')
-    proc = subprocess.run([sys.executable, RUN, '--quick', '--no-peers', '--skip', 'kill,tick', '--docs', str(docs),
+    proc = subprocess.run([sys.executable, RUN, '--quick', '--no-peers', '--skip', 'kill,tick,hostile', '--docs', str(docs),
                            '--json', str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600,
                           check=False)
     text = proc.stdout.decode('utf-8', 'replace')

@@ -29,6 +29,7 @@ import sys
 
 import pytest
 
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import kmod, xid
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 
 USERS = ('alice', 'bob', 'carol')
@@ -126,6 +127,28 @@ class HostileNode(object):
     def alive(self, pid):
         return self.sim.alive(pid)
 
+    # ------------------------------------------------------------------ the node's fake kernel log
+    def kmsg(self, message, facility='kern', level='info', seconds_ago=None, flags='-'):
+        """A record in the simulator's kernel log (``gpusim kmsg``): what the kernel would print (facility kern), or
+        what a process wrote to /dev/kmsg (facility user or another)."""
+        args = ['kmsg', '--message', message, '--facility', facility, '--level', level, '--flags', flags]
+        if seconds_ago is not None:
+            args += ['--seconds-ago', seconds_ago]
+        self.sim.gpusim(*args)
+
+    def xid(self, gpu, code, pid=None, name=None, message=None):
+        """A genuine Xid of the driver (``gpusim xid``): an NVML event and the driver's kernel-log record."""
+        args = ['xid', '--gpu', gpu, '--code', code]
+        for flag, value in (('--pid', pid), ('--name', name), ('--message', message)):
+            if value is not None:
+                args += [flag, value]
+        self.sim.gpusim(*args)
+
+    def bus(self, gpu):
+        """The PCI address of GPU ``gpu`` as the driver's Xid records give it (``0000:07:00``)."""
+        domain, bus, rest = self.sim.show()['gpus'][gpu]['pci_bus_id'].split(':')
+        return '%04x:%s:%s' % (int(domain, 16), bus.lower(), rest.split('.')[0].lower())
+
     def comm(self, pid):
         with open('/proc/%d/comm' % pid, 'rb') as handle:
             return handle.read().decode('utf-8', 'replace').rstrip('\n')
@@ -170,6 +193,10 @@ class HostileNode(object):
     def _run(self, target, argv):
         env = h.shim_env(self.sim.state)
         env.update(PATH=os.path.join(h.sim_dir(), 'bin') + os.pathsep + env.get('PATH', ''), HOME=self.work, TMPDIR=self.work)
+        state = self.sim.show()   # the core's test seams for /dev/kmsg and /sys/module: this node's fake ones
+        for name, key in ((xid.KMSG_ENV, 'kmsg_path'), (kmod.SYS_ROOT_ENV, 'sys_root')):
+            if state.get(key):
+                env[name] = state[key]
         proc = subprocess.run([sys.executable, '-c', h.MODULE_RUNNER, h.COLLECTIONS_DIR, self.sim.dev, target] + argv,
                               env=env, cwd='/', stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               timeout=180, check=False)

@@ -28,7 +28,8 @@ import time
 
 from .. import drm_fdinfo as drm
 from ..model import BackendStatus, Device, bytes_to_mib
-from .base import Backend, error_text, find_command, read_device, run_command, to_number
+from ..safe_files import find_program
+from .base import Backend, error_text, read_device, run_command, to_number
 
 IOREG = 'ioreg'
 IOREG_ARGS = ('-r', '-d', '2', '-w', '0', '-c', 'IOAccelerator', '-a')
@@ -129,7 +130,7 @@ class AppleBackend(Backend):
         super(AppleBackend, self).__init__()
         self.platform = platform or sys.platform
         self.runner = runner or run_command
-        self.which = which or find_command
+        self.which = which or find_program
         self.readings = drm.TwoReadings(clock, sleep, interval, cache)
         self.ioreg = None
         self.known = []          # accelerator keys seen by probe(), in order

@@ -99,13 +99,6 @@ def recovery_action(dev):
     return value if isinstance(value, str) and value else None
 
 
-def find_command(name):
-    """``shutil.which(name)`` (shutil and subprocess are imported on first use: a tick on a host without
-    these vendors' tools never pays for them)."""
-    import shutil  # pylint: disable=import-outside-toplevel
-    return shutil.which(name)
-
-
 def run_command(argv, timeout):
     """Run a vendor tool: (rc, stdout bytes, stderr text); rc None when it could not start or timed out."""
     import subprocess  # pylint: disable=import-outside-toplevel

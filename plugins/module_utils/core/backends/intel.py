@@ -38,7 +38,8 @@ import time
 
 from .. import drm_fdinfo as drm
 from ..model import BackendStatus, Device, bytes_to_mib
-from .base import FAIL, MAX_CELSIUS, PASS, Backend, DrmDevices, find_command, last_line, pci_bdf, read_device, run_command, to_reading
+from ..safe_files import find_program
+from .base import FAIL, MAX_CELSIUS, PASS, Backend, DrmDevices, last_line, pci_bdf, read_device, run_command, to_reading
 
 INTEL_PCI_VENDOR = '0x8086'
 # PCI class 0x03xxxx: display controllers (integrated and discrete GPUs).
@@ -92,7 +93,7 @@ class IntelBackend(DrmDevices, Backend):
         self.sys_root = sys_root or os.path.join(self.root, 'sys')
         self.proc_root = proc_root or os.path.join(self.root, 'proc')
         self.runner = runner or run_command
-        self.which = which or find_command
+        self.which = which or find_program
         self.readings = drm.TwoReadings(clock, sleep, interval, cache)
         self.cards = []
         self.xpu = None          # BDF -> xpu-smi device dict

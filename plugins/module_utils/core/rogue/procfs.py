@@ -19,6 +19,7 @@ import re
 
 from ..errors import InvalidArgument
 from ..exe_hash import ExeHashes
+from ..fdwalk import FdBudget, walk_fd_links
 from ..identity import kernel_lines, read_bytes as _read_bytes, read_ppid, read_starttime, read_stat
 from ..processes import scheduler_daemon
 from . import rules as R
@@ -140,6 +141,7 @@ class FactsCollector(object):
         self.window_s = window_s
         self.euid = os.geteuid()
         self.warnings = []
+        self.fd_budget = FdBudget(seconds=None)   # the open files of every process examined, together
 
     def collect(self, snapshot, include_holders=True):
         expected, reason = self._allocation(snapshot)
@@ -249,17 +251,17 @@ class FactsCollector(object):
         return read_starttime(os.path.basename(base), self.proc_root) == starttime
 
     def _connections(self, base, facts):
+        """The TCP connections of the process at ``base``: its socket fds (the core's one bounded fd walk, at most
+        fdwalk.DESCRIPTORS per collector: a user's huge fd tables cannot make a scan run on) in its net namespace."""
         inodes = set()
-        try:
-            fds = os.listdir(os.path.join(base, 'fd'))
-        except OSError as exc:
-            facts.notes.append('open files not readable: %s' % (exc.strerror or exc))
+        found = list(walk_fd_links(self.proc_root, [int(os.path.basename(base))], budget=self.fd_budget))
+        if not found or found[0][3] is False:
+            facts.notes.append('open files not readable')
             return None
-        for fd in fds[:65536]:
-            try:
-                target = os.readlink(os.path.join(base, 'fd', fd))
-            except OSError:
-                continue
+        if found[0][3] is None:
+            facts.notes.append('open files read in part (%d of %s): the scan\'s bound' % (
+                len(found[0][2]), self.fd_budget.unread.get(found[0][0]) or 'more'))
+        for target in found[0][2]:
             if target.startswith('socket:['):
                 try:
                     inodes.add(int(target[8:-1]))

@@ -87,10 +87,16 @@ class FakeClock(object):
 
 
 def deny(monkeypatch, *paths):
-    """``os.listdir`` and ``open`` of these paths raise PermissionError (another user's /proc entries)."""
+    """``os.listdir``, ``os.scandir`` and ``open`` of these paths raise PermissionError (another user's /proc entries)."""
     denied = set(str(p) for p in paths)
     real_listdir = os.listdir
+    real_scandir = os.scandir
     real_open = open
+
+    def scandir(path='.'):
+        if str(path) in denied:
+            raise PermissionError(13, 'Permission denied', path)
+        return real_scandir(path)
 
     def listdir(path):
         if str(path) in denied:
@@ -102,4 +108,5 @@ def deny(monkeypatch, *paths):
             raise PermissionError(13, 'Permission denied', path)
         return real_open(path, *args, **kwargs)
     monkeypatch.setattr(os, 'listdir', listdir)
+    monkeypatch.setattr(os, 'scandir', scandir)
     monkeypatch.setattr('builtins.open', fake_open)

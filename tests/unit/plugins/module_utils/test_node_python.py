@@ -5,8 +5,9 @@
 only when that record and that interpreter are root's own (issue #16).
 
 Every file is under the test's tmp_path; the "interpreters" are shell scripts that answer the import
-probe with exit 0 (imports everything) or 1 (imports nothing); respawn_module is replaced by a
-function that records its argument, so nothing is ever re-executed.
+probe with an empty list (imports everything) or exit 1 (imports nothing); node_python.respawn is
+replaced by a function that records its argument, so nothing is ever re-executed (the real respawn,
+through Ansible, is tests/unit/security/test_redteam_imports.py's).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ class FakeModule(object):
 
 
 def interpreter(path, imports=True):
-    """A root-owned 0755 script standing for a Python: exit 0 (imports everything) or 1."""
+    """A root-owned 0755 script standing for a Python: the probe's answer that nothing is missing, or exit 1."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text('#!/bin/sh\nexit %d\n' % (0 if imports else 1))
+    path.write_text('#!/bin/sh\necho "[]"\n' if imports else '#!/bin/sh\nexit 1\n')
     path.chmod(0o755)
     return path
 
@@ -174,13 +175,14 @@ def test_the_node_needs_psutil_and_each_vendor_library_whose_device_files_exist(
 
 @pytest.fixture
 def respawns(monkeypatch):
-    """The interpreters respawn_module was called with (it raises Respawned instead of re-running)."""
+    """The interpreters respawn was called with (it raises Respawned instead of re-running)."""
     called = []
 
-    def fake_respawn(path):
+    def fake_respawn(path, payload):
         called.append(path)
         raise Respawned(path)
-    monkeypatch.setattr(node_python, 'respawn_module', fake_respawn)
+    monkeypatch.setattr(node_python, 'respawn', fake_respawn)
+    monkeypatch.setattr(node_python, 'respawn_payload', lambda: 'the payload')
     monkeypatch.setattr(node_python, 'has_respawned', lambda: False)
     return called
 
@@ -220,7 +222,7 @@ def test_a_missing_psutil_respawns_even_without_gpu_device_files(node, respawns,
 
 def test_a_module_that_has_respawned_never_respawns_again(node, respawns, monkeypatch):
     monkeypatch.setattr(node_python, 'has_respawned', lambda: True)
-    monkeypatch.setattr(node_python, 'probe_interpreters_for_module', lambda paths, name: pytest.fail('probed'))
+    monkeypatch.setattr(node_python, 'probe_missing', lambda *args: pytest.fail('probed'))
     monkeypatch.setitem(sys.modules, 'pynvml', None)
     open(os.path.join(node['dev'], 'nvidiactl'), 'w').close()
     assert respawn(node) == [] and respawns == []
@@ -248,7 +250,7 @@ def test_no_respawn_into_an_interpreter_that_lacks_the_library_too(node, respawn
 
 def answers(monkeypatch, imports):
     """The recorded interpreter imports exactly ``imports`` (the probe, faked)."""
-    monkeypatch.setattr(node_python, 'probe_interpreters_for_module', lambda paths, name: paths[0] if name in imports else None)
+    monkeypatch.setattr(node_python, 'probe_missing', lambda path, names: [name for name in names if name not in imports])
 
 
 def test_amdsmi_is_optional_no_respawn_and_no_warning_when_neither_interpreter_has_it(node, respawns, monkeypatch):
@@ -271,7 +273,7 @@ def test_no_respawn_into_an_interpreter_that_lacks_what_this_one_has(node, respa
 
 def test_no_respawn_into_the_running_interpreter(node, respawns, monkeypatch):
     monkeypatch.setattr(node_python.sys, 'executable', node['python'])
-    monkeypatch.setattr(node_python, 'probe_interpreters_for_module', lambda paths, name: pytest.fail('probed'))
+    monkeypatch.setattr(node_python, 'probe_missing', lambda *args: pytest.fail('probed'))
     monkeypatch.setitem(sys.modules, 'pynvml', None)
     open(os.path.join(node['dev'], 'nvidiactl'), 'w').close()
     assert respawn(node) == [] and respawns == []

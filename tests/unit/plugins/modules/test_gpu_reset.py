@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """gpu_reset main(): arguments, results, check mode and failures, against the simulator.
 
-SAFETY: get_bin_path is replaced so that the module only ever finds the simulator's fake
+SAFETY: the tool lookup searches only the simulator's bin so that the module only ever finds the simulator's fake
 nvidia-smi / amd-smi (tests/sim/bin) and the tests' fake systemctl, never a real tool.
 """
 
@@ -15,9 +15,7 @@ import os
 import pytest
 import yaml
 
-from ansible.module_utils import basic
-
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes, reset, safe_files
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import gpu_module
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_reset
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.modules.module_docs import documented_options
@@ -36,19 +34,11 @@ def module_exits(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def fake_tools_only(monkeypatch):
-    """get_bin_path finds tools only in the simulator's bin and in ``dirs`` (a list the test may extend)."""
+    """The module finds tools only in the simulator's bin and in ``dirs`` (a list the test may extend), through the
+    one lookup of the core (safe_files.find_program, with its checks), never a real tool on PATH."""
     dirs = [SIM_BIN] if SIM_BIN else []
-
-    def get_bin_path(self, arg, required=False, opt_dirs=None):
-        for directory in dirs:
-            path = os.path.join(directory, arg)
-            if os.access(path, os.X_OK):
-                return path
-        if required:
-            self.fail_json(msg='Failed to find required executable "%s"' % arg)
-        return None
-
-    monkeypatch.setattr(basic.AnsibleModule, 'get_bin_path', get_bin_path)
+    lookup = safe_files.find_program
+    monkeypatch.setattr(reset, 'find_program', lambda name, refused=None: lookup(name, os.pathsep.join(dirs), refused=refused))
     return dirs
 
 

@@ -20,10 +20,11 @@ import pytest
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import gpu_module
 
 PREFIX = 'ansible_collections.gpufleet.reclaim.plugins.module_utils.'
-# what every module loads: the snapshot and what it stands on (core.snapshot), the shared module code
+# what every module loads: the snapshot and what it stands on (core.snapshot; core.fdwalk: the inventory's walk of
+# open files, moved out of core.processes), the shared module code
 SNAPSHOT = {'gpu_module', 'node_python', 'core', 'core.backends', 'core.backends.base', 'core.constants', 'core.errors',
-            'core.identity', 'core.model', 'core.processes', 'core.safe_files', 'core.snapshot', 'core.text', 'core.watchdog',
-            'core.xid'}
+            'core.fdwalk', 'core.identity', 'core.model', 'core.processes', 'core.safe_files', 'core.snapshot', 'core.text',
+            'core.watchdog', 'core.xid'}
 ROGUE = {'core.rogue', 'core.rogue.checks', 'core.rogue.config', 'core.rogue.detector', 'core.rogue.facts', 'core.rogue.procfs',
          'core.rogue.rules', 'core.exe_hash', 'core.notify', 'core.textmatch', 'core.units'}
 AT_MOST = {

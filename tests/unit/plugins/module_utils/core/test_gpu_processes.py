@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes as P
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import fdwalk, processes as P
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 
 CID = '3f4e1a9c0b2d4e6f8a1b3c5d7e9f0a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f'
@@ -156,7 +156,7 @@ def test_fd_walk_on_the_real_proc_finds_holders_with_and_without_gaps_in_fd_numb
     if not os.path.isdir('/proc/self/fd'):
         pytest.skip('no procfs')
     if counted is not None:
-        monkeypatch.setattr(P, 'fd_dirs_report_counts', lambda proc_root='/proc': counted)
+        monkeypatch.setattr(fdwalk, 'fd_dirs_report_counts', lambda proc_root='/proc': counted)
     dev = tmp_path / 'dev'
     (dev / 'dri').mkdir(parents=True)
     for name in ('nvidia0', 'dri/renderD128', 'kfd', 'other'):
@@ -190,17 +190,17 @@ def test_fd_walk_on_the_real_proc_finds_holders_with_and_without_gaps_in_fd_numb
 def test_fd_walk_reads_past_a_few_gaps_without_listing(tmp_path, monkeypatch):
     """A GPU process's fds with a gap (0-3 and 5: a closed set-up fd) are read on past the gap, without
     listing the directory; an fd far past the last one (40) is found by the listing."""
-    if not os.path.isdir('/proc/self/fd') or not P.fd_dirs_report_counts():
+    if not os.path.isdir('/proc/self/fd') or not fdwalk.fd_dirs_report_counts():
         pytest.skip('procfs without fd counts (Linux < 6.2)')
     dev = tmp_path / 'dev'
     dev.mkdir()
     for name in ('nvidia0', 'nvidia1', 'nvidiactl', 'other'):
         (dev / name).write_text('')
-    listed, real_listdir = [], os.listdir
+    listed, real_list = [], fdwalk._list_fds
 
-    def listdir(path='.'):
+    def list_fds(path, limit):
         listed.append(path)
-        return real_listdir(path)
+        return real_list(path, limit)
     children = []
     try:
         # fds 0-3 and 5 (4 closed); fds 0-3 and 40 (sh has no two-digit fds: python's dup2, then sleep)
@@ -215,14 +215,16 @@ def test_fd_walk_reads_past_a_few_gaps_without_listing(tmp_path, monkeypatch):
         while True:  # until both have exec'd sleep with their fds in place (before that, python's own fds are open)
             holders, readable, _denied = P.scan_device_fds('/proc', [str(dev)], pids=[near, far])
             execd = all(P.read_cmdline(pid) == ['sleep', '60'] for pid in (near, far))
+            # the new command line shows a moment before exec has closed the close-on-exec fds (python's fd 4)
+            execd = execd and sorted(os.listdir('/proc/%d/fd' % far), key=int) == ['0', '1', '2', '3', '40']
             if (holders == expected and execd) or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
         assert execd and holders == expected and {near, far} <= readable
-        monkeypatch.setattr(os, 'listdir', listdir)
-        walked = dict((pid, names) for pid, names, _targets, _complete in P.walk_fd_links('/proc', [near, far]))
+        monkeypatch.setattr(fdwalk, '_list_fds', list_fds)
+        walked = dict((pid, names) for pid, names, _targets, _complete in fdwalk.walk_fd_links('/proc', [near, far]))
         assert list(walked[near]) == ['0', '1', '2', '3', '5'] and sorted(walked[far], key=int) == ['0', '1', '2', '3', '40']
-        assert [path for path in listed if path != '/proc/self/fd'] == ['/proc/%d/fd' % far]   # (self: the count check)
+        assert listed == ['/proc/%d/fd' % far]
     finally:
         for child in children:  # only the processes this test started
             child.kill()

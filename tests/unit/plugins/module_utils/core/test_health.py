@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import guard, metrics, watchdog, xid
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import guard, metrics, model, watchdog, xid
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.model import MAX_XID_EVENTS, Device
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_facts, gpu_remediate
@@ -52,8 +52,9 @@ def devices(snapshot):
 # ---------------------------------------------------------------------------- the kernel log
 @pytest.mark.parametrize('line, code, pid, name, pci', [
     ('NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.', 79, 1234, 'python', '0000:3b:00'),
-    ("NVRM: Xid (PCI:0000:3B:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception", 13, None, None, '0000:3b:00'),
-    ('NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000120, intr 10000000', 31, None, None, '0000:01:00'),
+    ("NVRM: Xid (PCI:0000:3b:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception", 13, None, None, '0000:3b:00'),
+    ('NVRM: Xid (PCI:0000:01:00): 31, Ch 0000000b, engmask 00000120, intr 10000000', 31, None, None, '0000:01:00'),
+    ('NVRM: Xid (PCI:0000:41:00 GPU-I:01 GPU-CI:00): 43, pid=77, name=train, Ch 00000008', 43, 77, 'train', '0000:41:00'),
     ('NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.',
      63, 1896, None, '0000:10:1c'),
 ])
@@ -91,18 +92,60 @@ def test_an_events_stamp_is_the_kernels_and_stays_the_same_on_every_read(tmp_pat
     del old_item['stamp']                                 # a memo written before the stamp was kept
     assert xid.valid_memo({'events': [old_item]}) and xid.event_from_dict(old_item).stamp is None
     assert not xid.valid_memo({'events': [dict(memo_item, stamp='7000123')]})
-    assert xid.parse_record('4,2,x,-;NVRM: Xid (PCI:0000:07:00): 48, DBE', 990.0).stamp is None
+    assert xid.parse_record('4,2,7000123,-;NVRM: Xid (PCI:0000:07:00): 48, DBE', 990.0).stamp == 7000123
+    assert xid.parse_record('4,2,x,-;NVRM: Xid (PCI:0000:07:00): 48, DBE', 990.0) is None   # not the kernel's header
 
 
-def test_events_are_bounded_and_the_table_is_the_documented_one():
+def test_events_are_bounded_per_class_and_the_table_is_the_documented_one():
     dev = Device(vendor='nvidia', vendor_index=0, pci_bus_id='00000000:07:00.0')
     for i in range(MAX_XID_EVENTS + 8):
-        xid.join_events([dev], [xid.make_event(13, 'kmsg', time_s=float(i), pci_bus_id='0000:07:00')])
-    assert len(dev.xid_events) == MAX_XID_EVENTS and dev.xid_events[0].time == 8.0
+        xid.join_events([dev], [xid.make_event(13, 'kmsg', time_s=float(i), pid=100 + i, pci_bus_id='0000:07:00')])
+    keep = model.XID_KEEP['kill_app']
+    assert len(dev.xid_events) == keep and dev.xid_events[0].time == MAX_XID_EVENTS + 8.0 - keep   # the newest
+    assert dev.xid_counts == {13: MAX_XID_EVENTS + 8} and dev.xid_code_counts() == {13: MAX_XID_EVENTS + 8}
+    assert sum(model.XID_KEEP.values()) == MAX_XID_EVENTS
     doc = os.path.join(os.path.dirname(h.MODULE_UTILS_DIR), '..', 'docs', 'health.md')
     with open(doc) as handle:
         rows = re.findall(r'^\| (\d+) \| [^|]+ \| (\w+) \| (\w+) \|', handle.read(), re.M)
     assert dict((int(c), (f, a)) for c, f, a in rows) == dict((c, v[1:]) for c, v in xid.XID_TABLE.items())
+
+
+@pytest.mark.parametrize('text, key', [
+    ('0000:3b:00', (0, 0x3b, 0)), ('00000000:3B:00.0', (0, 0x3b, 0)), ('0001:3b:00', (1, 0x3b, 0)),
+    ('00000001:3B:00.0', (1, 0x3b, 0)), ('3b:00.0', (0, 0x3b, 0)), ('10000:01:1f', (0x10000, 1, 0x1f)),
+    ('', None), (None, None), ('0000:3b:00:00', None), ('zz:3b:00', None),
+])
+def test_pci_key_is_domain_bus_and_device(text, key):
+    assert xid.pci_key(text) == key
+
+
+@pytest.mark.parametrize('order', [(0, 1), (1, 0)])
+def test_an_xid_counts_against_the_gpu_of_its_pci_domain_only_whatever_the_order(order):
+    """Two GPUs on bus 3b of PCI domains 0 and 1 (issue 34): an Xid for 0001:3b:00 is the second one's only."""
+    devs = [Device(vendor='nvidia', vendor_index=i, index=i, pci_bus_id=bus)
+            for i, bus in enumerate(('00000000:3B:00.0', '00000001:3B:00.0'))]
+    events = xid.XidEvents([xid.make_event(48, 'kmsg', time_s=1.0, pci_bus_id='0001:3b:00')])
+    events.counts = {'0001:3b:00': {48: 3}}
+    assert xid.join_events([devs[i] for i in order], events) == []
+    assert devs[0].xid_events is None and [e.code for e in devs[1].xid_events] == [48]
+    assert devs[1].xid_code_counts() == {48: 3} and devs[0].xid_code_counts() == {}
+    assert xid.join_events(devs, [xid.make_event(79, 'kmsg', pci_bus_id='0002:3b:00')])[0].code == 79   # no GPU here
+    assert devs[0].xid_events is None and [e.code for e in devs[1].xid_events] == [48]
+
+
+def test_an_nvml_event_and_the_kernel_record_of_the_same_xid_are_one_event():
+    """The driver's event (no pid, no stamp) and its kernel-log record: one event, the record's, counted once."""
+    dev = Device(vendor='nvidia', vendor_index=0, pci_bus_id='00000000:07:00.0')
+    dev.add_xid_event(xid.make_event(13, 'nvml', time_s=1000.0, pci_bus_id='0000:07:00'))
+    record = xid.with_stamp(xid.make_event(13, 'kmsg', time_s=999.2, pid=42, name='python3', pci_bus_id='0000:07:00'), 5000)
+    events = xid.XidEvents([record])
+    events.counts = {'0000:07:00': {13: 1}}
+    xid.join_events([dev], events)
+    assert [(e.source, e.pid, e.stamp) for e in dev.xid_events] == [('kmsg', 42, 5000)] and dev.xid_code_counts() == {13: 1}
+    assert dev.add_xid_event(xid.make_event(13, 'nvml', time_s=1001.0, pci_bus_id='0000:07:00')) == 'same'
+    assert dev.add_xid_event(record) == 'same' and len(dev.xid_events) == 1   # the same record read again
+    assert dev.add_xid_event(xid.make_event(13, 'nvml', time_s=1030.0, pci_bus_id='0000:07:00')) == 'kept'   # another one
+    assert dev.xid_code_counts() == {13: 2}
 
 
 # ---------------------------------------------------------------------------- through pynvml over the shim
@@ -283,7 +326,7 @@ def test_health_metrics_render_with_help_and_type():
     dev = Device(vendor='nvidia', vendor_index=0, index=0, uuid='GPU-1', name='A100', recovery_action='reboot')
     dev.add_xid_event(xid.make_event(79, 'kmsg', time_s=time.time()))
     dev.add_xid_event(xid.make_event(48, 'kmsg', time_s=time.time()))
-    dev.add_xid_event(xid.make_event(48, 'nvml', time_s=time.time()))
+    dev.add_xid_event(xid.make_event(48, 'nvml', time_s=time.time() - 60))   # another 48 (the same one: test_xid_trust)
     xid.apply_health(dev)
 
     class Snap(object):

@@ -52,9 +52,13 @@ def recorder(tmp_path, name, rc=0):
     return str(path), calls
 
 
-def event(code, pid=None, when=None, bus=BUS[0]):
+def event(code, pid=None, when=None, bus=BUS[0], name=None):
+    """An Xid as the driver logs it: a pid's record names its comm (``name``, default read from /proc)."""
+    if name is None and pid is not None and os.path.exists('/proc/%d/comm' % pid):
+        with open('/proc/%d/comm' % pid) as handle:
+            name = handle.read().rstrip('\n')
     return xid.make_event(code, 'kmsg', time_s=when if when is not None else g.MONDAY_NOON, pid=pid, pci_bus_id=bus,
-                          message='simulated Xid %d' % code)
+                          name=name, message='simulated Xid %d' % code)
 
 
 def options(tmp_path=None, **kwargs):

@@ -72,7 +72,7 @@ def test_identity_metrics_and_contract_keys(work):
     state['gpus'][1].update(util_pct=87, temp_c=71, power_w=312.5, power_limit_w=350.0)
     result = work.snapshot(state)
     facts = result['facts']
-    assert set(facts) == {'backends', 'devices', 'processes', 'holders', 'driver_hung'}   # driver_hung: issue #17
+    assert set(facts) == {'backends', 'devices', 'processes', 'holders', 'driver_hung', 'holders_incomplete'}   # issues #17, #28
     assert facts['backends']['nvidia'] == {'available': True, 'version': '550.54.15', 'error': None}
     assert set(facts['backends']) == {'nvidia', 'amd', 'intel', 'apple'}
     assert [d['index'] for d in facts['devices']] == [0, 1]
