@@ -574,7 +574,7 @@ def test_identity_defaults_and_fields():
 
 def test_exe_identities_compare_by_every_field_and_describe_themselves():
     same = I.ExeIdentity('/usr/sbin/sshd', False, 2049, 77, 0, 0o100755, False)
-    assert same == TRUSTED_EXE and same is not TRUSTED_EXE and not same != TRUSTED_EXE
+    assert same == TRUSTED_EXE and same is not TRUSTED_EXE and (same != TRUSTED_EXE) is False
     for index in range(7):
         fields = ['/usr/sbin/sshd', False, 2049, 77, 0, 0o100755, False]
         fields[index] = {0: '/x', 1: True, 2: 1, 3: 1, 4: 1, 5: 0o100700, 6: None}[index]

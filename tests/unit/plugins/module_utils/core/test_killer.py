@@ -553,9 +553,9 @@ def test_each_answer_of_the_signal_ends_the_victim_so(monkeypatch, status, outco
 
 def test_the_poll_intervals_start_short_and_double_up_to_the_poll():
     intervals = killer._intervals(0.05)   # pylint: disable=protected-access
-    assert [next(intervals) for _ in range(8)] == [0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.05, 0.05]
+    assert [next(intervals) for _step in range(8)] == [0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.05, 0.05]
     intervals = killer._intervals(0.0005)   # pylint: disable=protected-access
-    assert [next(intervals) for _ in range(2)] == [0.0005, 0.0005]
+    assert [next(intervals) for _step in range(2)] == [0.0005, 0.0005]
 
 
 def test_the_sigkill_round_reports_what_happened_to_each_victim(monkeypatch):

@@ -342,7 +342,7 @@ def test_a_protected_child_of_a_selected_process_is_never_taken_with_its_tree():
     parent = subprocess.Popen([sys.executable, '-c', FAMILY] + kinds, stdout=subprocess.PIPE, start_new_session=True)
     kids = {}
     try:
-        for _ in kinds:
+        for _kind in kinds:
             kind, pid = parent.stdout.readline().decode().split()
             kids[kind] = int(pid)
         assert parent.stdout.readline() == b'ready\n'
