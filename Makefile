@@ -17,7 +17,7 @@ CC ?= gcc
 CFLAGS ?= -O2 -Wall -Wextra -Werror=implicit-function-declaration
 
 .PHONY: all venv galaxy-venv sim collection test sim-test sanity units integration fleet-test floor lint changelog-lint \
-	galaxy-import docs-lint dashboard-schema demo bench clean
+	galaxy-import docs-lint dashboard-schema demo bench mutants clean
 
 all: test
 
@@ -123,6 +123,17 @@ demo: venv
 
 bench: venv sim
 	mkdir -p build/bench && PATH=$(BIN):$$PATH $(PY) benchmarks/run --json build/bench/last.json
+
+# Mutation testing of the safety-critical core (docs/testing.md): not part of `make test` (minutes per module).
+# MODULE=identity (or several, space-separated) runs those only; JOBS mutants at once (default 1).
+MUTANTS_STAMP := $(VENV)/.mutants-stamp
+$(MUTANTS_STAMP): tests/mutants/requirements.txt $(VENV)/.stamp
+	$(BIN)/pip install -q -r tests/mutants/requirements.txt
+	touch $@
+
+mutants: venv collection $(MUTANTS_STAMP)
+	$(PY) tests/mutants/run --tree $(COLL) --mutmut $(BIN)/mutmut --jobs $(or $(JOBS),1) \
+	  $(foreach m,$(MODULE),--module $(m))
 
 clean:
 	rm -rf build $(SIM_BUILD) tests/output

@@ -550,7 +550,7 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
         'seconds': round(time.monotonic() - started, 3),
         'warnings': warnings + list(snapshot.errors) + [entry['reason'] for entry in decided.unmatched if entry['warn']],
     }
-    result['msg'] = _message(check_mode, killed, skipped, failed, freed, result['unreleased_mib'], decided.unmatched)
+    result['msg'] = _message(check_mode, killed, skipped, failed, freed, unreleased, decided.unmatched)
     if held:
         result['msg'] += '; %d held by max_kills=%d (the blast-radius limit)' % (len(held), options.max_kills)
     if options.audit_path and signalled:
@@ -576,14 +576,18 @@ def _hold_past(victims, max_kills):
         victim.reason = '%s (max_kills=%d on this node in this run)' % (blast.HELD, max_kills)
 
 
-def _message(check_mode, killed, skipped, failed, freed, unreleased_mib, unmatched=()):
+def _message(check_mode, killed, skipped, failed, freed, unreleased=(), unmatched=()):
     if check_mode:
         text = 'would kill %d process(es), skip %d; nothing was signalled (check mode)' % (len(killed), len(skipped))
     else:
         text = 'killed %d process(es), skipped %d, failed %d; freed %d MiB' % (
             len(killed), len(skipped), len(failed), sum(v or 0 for v in freed.values()))
+    unreleased_mib = sum(u['unreleased_mib'] for u in unreleased)
+    unconfirmed = [str(u['gpu']) for u in unreleased if not u['unreleased_mib']]
     if unreleased_mib and not check_mode:
         text += '; %d MiB not released' % unreleased_mib
+    if unconfirmed and not check_mode:  # the memory reads free, but the driver's process list could not be read
+        text += '; release not confirmed on GPU %s' % ','.join(unconfirmed)
     if unmatched:
         text += '; %d request(s) led nowhere: %s' % (len(unmatched), '; '.join(entry['reason'] for entry in unmatched[:3]))
         if len(unmatched) > 3:

@@ -78,7 +78,7 @@ def csv_cell(value):
     if isinstance(value, bool):
         return 'true' if value else 'false'
     if isinstance(value, (int, float)):
-        return repr(value) if isinstance(value, float) else str(value)
+        return str(value)   # a float's str is its repr (the shortest text that reads back as it)
     text = printable(value)
     if text[:1] in CSV_FORMULA_STARTS:
         text = "'" + text

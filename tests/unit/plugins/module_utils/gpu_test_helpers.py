@@ -538,3 +538,35 @@ def run_main(main, args, check_mode=False, diff=False):
         with pytest.raises((ExitJson, FailJson)) as exc:
             main()
     return exc.value.args[0]
+
+
+# ---------------------------------------------------------------------------- a process table of the test's own
+@contextlib.contextmanager
+def a_user_named_slurmd(root):
+    """A process named ``slurmd`` that a user started (nobody when the tests run as root: a copy of sleep in a
+    directory of /tmp, which nothing vouches for either), and ``root``, a process root of the test's own that lists
+    only it (a link to its /proc entry).  For code that scans the process table, such as the ladder's scheduler
+    (processes.scheduler_daemon): a real slurmd elsewhere on the machine (the simulated Slurm fleet's) is not in it.
+    Yields ``root``; the process, the test's own child, is killed by its Popen object at the end."""
+    where = tempfile.mkdtemp(prefix='gpufleet-slurmd-')
+    os.chmod(where, 0o755)   # nobody may run what is in it
+    exe = os.path.join(where, 'slurmd')
+    shutil.copy('/bin/sleep', exe)
+    child = subprocess.Popen([exe, '600'], **(_as_user('nobody') if os.geteuid() == 0 else {}))
+    try:
+        os.makedirs(root)
+        os.symlink('/proc/%d' % child.pid, os.path.join(root, str(child.pid)))
+
+        def named():
+            try:
+                with open(os.path.join(root, str(child.pid), 'comm')) as handle:
+                    return handle.read().strip() == 'slurmd'
+            except OSError:
+                return False
+
+        wait_for(named, what='the slurmd-named process to start')
+        yield root
+    finally:
+        child.kill()
+        child.wait(10)
+        shutil.rmtree(where)

@@ -6,13 +6,16 @@ enforce acts, the next tick changes nothing).  Constructed snapshots only: nothi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import xid
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes, xid
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import remediate as rem
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import MONDAY_NOON, snapshot
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_guard import Node
 
@@ -86,6 +89,16 @@ def remediation_records(node):
     return [r for r in node.log() if r['event'] == 'guard_remediation']
 
 
+@pytest.fixture
+def own_scheduler(tmp_path, monkeypatch):
+    """The ladder reads the scheduler from a process table of the test's own, which holds a user's slurmd only (the
+    host's may hold a real slurmd: the simulated Slurm fleet starts one), so its drain is the drain_command."""
+    with h.a_user_named_slurmd(str(tmp_path / 'proc')) as proc_root:
+        monkeypatch.setattr(rem, 'scheduler_daemon', functools.partial(processes.scheduler_daemon, proc_root))
+        yield
+
+
+@pytest.mark.usefixtures('own_scheduler')
 def test_a_tick_predicts_in_dry_run_acts_in_enforce_and_then_changes_nothing(tmp_path):
     flag = str(tmp_path / 'lib' / 'reboot-wanted')
     snap = snapshot(gpus=3)

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import plistlib
+import re
 import shutil
 import subprocess
 import sys
@@ -495,3 +496,31 @@ def test_sysfs_text(data):
         assert text is None or isinstance(text, str)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- redaction, exactly (mutation testing)
+def test_redaction_keeps_every_group_around_the_secret():
+    patterns = [re.compile(r'(key=)\w+(;)(;)')]
+    assert notify.redact_text('key=abc;;', patterns) == 'key=<redacted>;;'
+    assert notify.redact_text('', patterns) == '' and notify.redact_text(None, patterns) is None
+
+
+def test_a_redacted_command_line_is_cut_only_past_its_limit():
+    assert notify.redact(['x' * 10], [], limit=10) == 'x' * 10
+    assert notify.redact(['x' * 11], [], limit=10) == 'x' * 10 + '...'
+    assert notify.redact(['x' * (notify.MAX_CMDLINE + 1)], []) == 'x' * notify.MAX_CMDLINE + '...'
+    assert notify.redact(None, []) is None
+
+
+def test_a_batch_whose_patterns_ran_out_of_time_is_redacted_whole(monkeypatch):
+    def too_slow(*_args, **_kwargs):
+        raise InvalidArgument('notify.redact_patterns', '(a+)+$', 'took longer than the bound')
+
+    monkeypatch.setattr(notify, 'bounded_subs_each', too_slow)
+    assert notify.redact_many([['python', 'a'], None, ['b']], []) == [notify.REDACTED_SLOW, None, notify.REDACTED_SLOW]
+
+
+def test_a_url_is_logged_as_its_scheme_and_host_only():
+    assert notify.redact_url('https://user:pw@hooks.example:8443/services/T0/B0?token=x') == 'https://hooks.example:8443/...'
+    assert notify.redact_url('http://hooks.example') == 'http://hooks.example/...'
+    assert notify.redact_url('ftp://hooks.example/x') is None and notify.redact_url(None) is None

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -39,11 +40,12 @@ class ProcTree(object):
     def __init__(self, root):
         self.root = str(root)
 
-    def add(self, pid, uid=ALICE, starttime=1000, comm=b'train', state=b'S', cmdline=b'python\0train.py\0'):
+    def add(self, pid, uid=ALICE, starttime=1000, comm=b'train', state=b'S', cmdline=b'python\0train.py\0', uids=None):
+        """``uids``: the Uid: line's real, effective, saved and filesystem uids (default: ``uid`` four times)."""
         base = os.path.join(self.root, str(pid))
         os.makedirs(base, exist_ok=True)
         files = {'stat': b'%d (%s) %s 1 %d %d 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0' % (pid, comm, state, pid, pid, starttime),
-                 'status': status(comm, (uid,) * 4), 'cmdline': cmdline, 'cgroup': b'0::/user.slice\n'}
+                 'status': status(comm, uids or (uid,) * 4), 'cmdline': cmdline, 'cgroup': b'0::/user.slice\n'}
         for name, data in files.items():
             with open(os.path.join(base, name), 'wb') as handle:
                 handle.write(data)
@@ -165,13 +167,18 @@ def test_directories_are_examined_in_the_processs_own_root(tmp_path):
     assert cache[str(jail) + '/usr/bin'] is True and '/usr/bin' not in cache
 
 
+def _login_defs(directory, name, data, mode=0o644):
+    """A login.defs candidate ``directory/name`` holding ``data`` (text or bytes), with ``mode``."""
+    path = str(directory / name)
+    with open(path, 'wb') as handle:
+        handle.write(data if isinstance(data, bytes) else data.encode())
+    os.chmod(path, mode)
+    return path
+
+
 def test_the_system_uid_boundary(tmp_path):
     def defs(name, text, mode=0o644):
-        path = str(tmp_path / name)
-        with open(path, 'w') as handle:
-            handle.write(text)
-        os.chmod(path, mode)
-        return path
+        return _login_defs(tmp_path, name, text, mode)
 
     trusted = os.geteuid() == 0  # only a root-owned file counts
     assert I.system_uid_max(defs('plain', '# comment\nSYS_UID_MAX\t\t499\n')) == (499 if trusted else 999)
@@ -191,22 +198,31 @@ TRUSTED_EXE = I.ExeIdentity('/usr/sbin/sshd', False, 2049, 77, 0, 0o100755, Fals
 @pytest.mark.parametrize('uids, exe, trusted, why', [
     ((0, 0, 0, 0), TRUSTED_EXE, True, None),
     ((120, 120, 120, 120), TRUSTED_EXE, True, None),
+    ((500, 500, 500, 500), TRUSTED_EXE, True, None),                  # at the boundary: a system account
+    ((0, 0, 0, 5000), TRUSTED_EXE, True, None),                       # the filesystem uid does not count
+    ((501, 501, 501, 501), TRUSTED_EXE, False, 'it runs as uid 501, not a system account'),
     ((ALICE,) * 4, TRUSTED_EXE, False, 'it runs as uid 1001, not a system account'),
     ((0, 0, ALICE, 0), TRUSTED_EXE, False, 'it runs as uid 1001, not a system account'),
-    ((ALICE, 0, 0, 0), TRUSTED_EXE, False, 'it runs as uid 1001, not a system account'),
+    ((ALICE, 0, 0, 7000), TRUSTED_EXE, False, 'it runs as uid 1001, not a system account'),
     (None, TRUSTED_EXE, False, 'its owner is unknown'),
     ((0,) * 4, None, False, 'its executable cannot be examined'),
-    ((0,) * 4, I.ExeIdentity('/usr/sbin/sshd', False, 2049, 77, ALICE, 0o100755, False), False, 'not a root-owned file'),
-    ((0,) * 4, I.ExeIdentity('/usr/sbin/sshd', False, 2049, 77, 0, 0o100775, False), False, 'not a root-owned file'),
-    ((0,) * 4, I.ExeIdentity('/tmp/sshd', False, 2049, 77, 0, 0o100755, True), False, 'a directory that a user may write'),
-    ((0,) * 4, I.ExeIdentity('/x/sshd', False, 2049, 77, 0, 0o100755, None), False, 'a directory that a user may write'),
-    ((0,) * 4, I.ExeIdentity('/x/sshd', False, None, None, None, 0, None), False, 'not a root-owned file'),
+    ((0,) * 4, I.ExeIdentity('/usr/sbin/sshd', False, 2049, 77, ALICE, 0o100755, False), False,
+     'its executable /usr/sbin/sshd is not a root-owned file that only root may write'),
+    ((0,) * 4, I.ExeIdentity('/usr/sbin/sshd', False, 2049, 77, 0, 0o100775, False), False,
+     'its executable /usr/sbin/sshd is not a root-owned file that only root may write'),
+    ((0,) * 4, I.ExeIdentity('/tmp/sshd', False, 2049, 77, 0, 0o100755, True), False,
+     'its executable /tmp/sshd sits in a directory that a user may write'),
+    ((0,) * 4, I.ExeIdentity('/x/sshd', False, 2049, 77, 0, 0o100755, None), False,
+     'its executable /x/sshd sits in a directory that a user may write'),
+    ((0,) * 4, I.ExeIdentity('/x/sshd', False, None, None, None, 0, None), False,
+     'its executable /x/sshd is not a root-owned file that only root may write'),
 ])
 def test_a_name_is_trusted_only_for_a_system_account_and_a_root_owned_executable(uids, exe, trusted, why):
+    """With the boundary given (500 here, not login.defs' 999): uids 501-999 are ordinary accounts then."""
     ident = I.Identity(4242, 1000, 'S', 1, 4242, 0, 'sshd', uids, exe)
-    assert ident.name_trusted(boundary=999) is trusted and I.name_trusted(ident, 999) is trusted
-    reason = ident.why_name_untrusted(boundary=999)
-    assert (reason is None) if why is None else (why in reason), reason
+    assert ident.name_trusted(boundary=500) is trusted and I.name_trusted(ident, 500) is trusted
+    assert ident.system_account(500) is (uids is not None and max(uids[:3]) <= 500)
+    assert ident.why_name_untrusted(boundary=500) == why
     assert not I.name_trusted(None)
 
 
@@ -260,6 +276,68 @@ def test_the_inventory_takes_the_owner_from_the_identity_not_from_psutil():
     finally:
         child.kill()
         child.wait(10)
+
+
+# ---------------------------------------------------------------------------- setuid: the real uid is charged
+NOBODY = pwd.getpwnam('nobody').pw_uid
+SETUID = (NOBODY, 0, 0, 0)   # Uid: real, effective, saved, filesystem: nobody running a setuid-root helper
+MEMORY_LIMIT = 'users: {nobody: {max_mem_mib_total: 1024}}'
+
+
+def _setuid_record(tree, use_psutil, monkeypatch):
+    """The inventory's record of pid 4242 in ``tree``, a setuid-root helper that nobody started."""
+    tree.add(4242, comm=b'helper', cmdline=b'helper\0', uids=SETUID)
+    if use_psutil:
+        fake = FakePsutil(lambda: None, {'pid': 4242, 'name': 'helper', 'cmdline': ['helper'], 'status': 'sleeping',
+                                         'ppid': 1, 'create_time': 1.0, 'exe': None})
+        monkeypatch.setattr(processes, '_PSUTIL', [fake, None])
+    inventory = processes.ProcessInventory(proc_root=tree.root, use_psutil=use_psutil, scan_fds=False)
+    assert inventory.use_psutil is use_psutil
+    return inventory.record(4242)
+
+
+@pytest.mark.parametrize('use_psutil', [False, True], ids=['proc', 'psutil'])
+def test_a_setuid_process_is_charged_to_its_real_uid(tmp_path, monkeypatch, use_psutil):
+    """``Uid:\t65534\t0\t0\t0``: the one who started it owns it, on both inventory paths (issue 34); the
+    effective uid (root) is kept in the identity, where protection reads it."""
+    rec = _setuid_record(ProcTree(tmp_path), use_psutil, monkeypatch)
+    assert rec.found and (rec.uid, rec.user) == (NOBODY, 'nobody')
+    assert rec.identity.uid == NOBODY and rec.identity.uids == SETUID
+
+
+@pytest.mark.parametrize('use_psutil', [False, True], ids=['proc', 'psutil'])
+def test_the_memory_of_a_setuid_process_counts_against_its_real_users_limit(tmp_path, monkeypatch, use_psutil):
+    """The policy charges the helper's 4 GiB to nobody (over its 1 GiB), not to root."""
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import policy as P
+    snap = snapshot([proc(4242, 'alice', {0: 4096})])
+    snap.processes[0].join(_setuid_record(ProcTree(tmp_path), use_psutil, monkeypatch))
+    found = P.evaluate(P.load_policy_text(MEMORY_LIMIT, 'policy.yaml'), snap, {}, snap.taken_at, P.Context(groups={}))
+    assert [(v.rule, v.user, v.pids, v.measured) for v in found] == [('max_mem_total', 'nobody', [4242], 4096)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='runs a setuid-root executable as nobody (root)')
+def test_a_real_setuid_process_is_its_real_users():
+    """The same with the kernel's own Uid: line: nobody runs a setuid-root copy of sleep (real 65534, effective 0)."""
+    where = tempfile.mkdtemp(prefix='gpufleet-setuid-')   # root's, 0755: nobody may run what is in it
+    os.chmod(where, 0o755)
+    helper = os.path.join(where, 'helper')
+    shutil.copy('/bin/sleep', helper)
+    os.chmod(helper, 0o4755)
+    child = subprocess.Popen([helper, '600'], **h._as_user('nobody'))  # pylint: disable=protected-access
+    try:
+        h.wait_for(lambda: (I.read_identity(child.pid)[0] or I.Identity(0, 0, '', 0, 0, 0, '', ())).comm == 'helper',
+                   what='the helper to start')
+        ident, _extra = I.read_identity(child.pid)
+        if ident.uids[1] != 0:
+            pytest.skip('%s is mounted nosuid: the helper did not gain root' % where)
+        assert ident.uids[:3] == (NOBODY, 0, 0)
+        for use_psutil in ((False, True) if processes.load_psutil() is not None else (False,)):
+            rec = processes.ProcessInventory(use_psutil=use_psutil, scan_fds=False).record(child.pid)
+            assert (rec.uid, rec.user) == (NOBODY, 'nobody'), use_psutil
+    finally:
+        child.kill()
+        child.wait(10)
+        shutil.rmtree(where)
 
 
 # ---------------------------------------------------------------------------- reads across a pid reuse
@@ -412,3 +490,208 @@ def test_a_pid_whose_owner_changed_since_the_snapshot_is_not_signalled(monkeypat
     finally:
         child.kill()
         child.wait(10)
+
+
+# ---------------------------------------------------------------------------- exact readings (mutation testing)
+# Each field, bound and message below is pinned because a one-line change to it passed every test before
+# (`make mutants MODULE=identity`, docs/testing.md).
+STAT_REST = ['S', '7', '88', '99', '5', '-1', '4194560'] + [str(100 + i) for i in range(12)] + ['123456', '0', '0']
+
+
+def test_parse_stat_reads_the_name_from_the_first_open_to_the_last_close_parenthesis():
+    """Field N after the name is rest[N - 3]: every field around the ones read holds another number."""
+    parsed = I.parse_stat('4242 (a) (b) %s' % ' '.join(STAT_REST))
+    assert parsed == {'comm': 'a) (b', 'state': 'S', 'ppid': 7, 'session': 99, 'flags': 4194560, 'starttime': 123456}
+    for text in ('4242 (a S 7 88', '4242 a) S 7 88', '4242 a S 7'):
+        with pytest.raises(ValueError, match='^malformed stat line$'):
+            I.parse_stat(text)
+
+
+def test_the_stat_readers_on_a_fixture_tree_and_on_this_process(tmp_path):
+    tree = ProcTree(tmp_path)
+    pid = h.unused_pid()   # no process of this host has it, so a reader that looks in the real /proc finds nothing
+    tree.add(pid, comm=b'\xff\xfe', starttime=4321)
+    assert I.read_stat(pid, tree.root)['comm'] == '\ufffd\ufffd'   # invalid UTF-8 in the name is replaced, not fatal
+    assert I.read_starttime(pid, tree.root) == 4321 and I.read_ppid(pid, tree.root) == 1
+    assert I.read_starttime(pid + 1, tree.root) is None and I.read_ppid(pid + 1, tree.root) is None
+    assert I.read_ppid(os.getpid()) == os.getppid()                 # the default root is /proc
+    assert I.read_starttime(os.getpid()) == I.read_stat(os.getpid())['starttime']
+
+
+@pytest.mark.parametrize('data, uids', [
+    (b'Uid:\t1\t2\t3\t4\nGid:\t0\t0\t0\t0\n', (1, 2, 3, 4)),          # the first line
+    (b'Name:\tx\nUid:\t1\t2\t3\t4', (1, 2, 3, 4)),                        # the last line, no newline after it
+    (b'Name:\tx\nUid:\t1\t2\t3\t4\n', (1, 2, 3, 4)),
+    (b'Uid:\t1\t2\t3\t4\nUid:\t5\t5\t5\t5\n', None),                    # two lines: one is forged
+    (b'Name:\tx\nUid:\t1\t2\t3\n', None),
+])
+def test_parse_status_uids_reads_exactly_one_uid_line(data, uids):
+    assert I.parse_status_uids(data) == uids
+
+
+def test_parse_status_uids_names_what_it_got_instead_of_bytes():
+    with pytest.raises(TypeError, match=r'^parse_status_uids\(\) needs the bytes of /proc/PID/status, got str$'):
+        I.parse_status_uids('Uid:\t0\t0\t0\t0\n')
+
+
+def _record_open_flags(monkeypatch):
+    """The flags of every os.open from now on (a list that fills as the code under test opens files)."""
+    flags = []
+    real_open = os.open
+
+    def recording_open(name, mode, *args):
+        flags.append(mode)
+        return real_open(name, mode, *args)
+
+    monkeypatch.setattr(os, 'open', recording_open)
+    return flags
+
+
+def test_read_bytes_reads_the_whole_file_or_exactly_its_limit(tmp_path, monkeypatch):
+    data = bytes(range(256)) * 800   # 204,800 bytes: four reads of 64 KiB
+    path = str(tmp_path / 'data')
+    with open(path, 'wb') as handle:
+        handle.write(data)
+    empty = str(tmp_path / 'empty')
+    open(empty, 'wb').close()
+    assert I.read_bytes(path) == data
+    assert I.read_bytes(empty) == b''
+    for limit in (10, 65536, 70000, 140000, 204800, 300000):
+        assert I.read_bytes(path, limit) == data[:limit], limit
+    flags = _record_open_flags(monkeypatch)
+    I.read_bytes(path, 10)
+    assert flags and flags[0] & os.O_CLOEXEC   # a descriptor root holds is never inherited by a child it starts
+
+
+def test_identity_defaults_and_fields():
+    ident = I.Identity(1, 2, ppid=3, session=4)
+    assert (ident.pid, ident.starttime, ident.state, ident.ppid, ident.session, ident.flags, ident.comm, ident.uids,
+            ident.exe, ident.uid) == (1, 2, None, 3, 4, 0, None, None, None, None)
+    assert repr(I.Identity(1, 2, uids=(0, 0, 0, 0), exe=TRUSTED_EXE)) == (
+        "Identity(pid=1, starttime=2, uids=(0, 0, 0, 0), exe=ExeIdentity('/usr/sbin/sshd', dev=2049, ino=77, uid=0, "
+        "mode=100755, dir_writable=False))")
+
+
+def test_exe_identities_compare_by_every_field_and_describe_themselves():
+    same = I.ExeIdentity('/usr/sbin/sshd', False, 2049, 77, 0, 0o100755, False)
+    assert same == TRUSTED_EXE and same is not TRUSTED_EXE and (same != TRUSTED_EXE) is False
+    for index in range(7):
+        fields = ['/usr/sbin/sshd', False, 2049, 77, 0, 0o100755, False]
+        fields[index] = {0: '/x', 1: True, 2: 1, 3: 1, 4: 1, 5: 0o100700, 6: None}[index]
+        assert I.ExeIdentity(*fields) != TRUSTED_EXE, index
+    assert TRUSTED_EXE.__eq__('/usr/sbin/sshd') is NotImplemented and TRUSTED_EXE != '/usr/sbin/sshd'
+    assert I.Identity(1, 2) == I.Identity(1, 2) and I.Identity(1, 2) != I.Identity(1, 3)
+    assert TRUSTED_EXE.to_dict() == {'path': '/usr/sbin/sshd', 'deleted': False, 'dev': 2049, 'ino': 77, 'uid': 0,
+                                     'mode': '0755', 'dir_writable': False}
+
+
+def test_an_executable_that_cannot_be_examined_is_vouched_for_in_nothing(tmp_path):
+    """/proc/PID/exe names a file that stat cannot reach: the path is known, nothing else."""
+    tree = ProcTree(tmp_path)
+    pid = h.unused_pid()
+    tree.add(pid)
+    os.symlink('/nonexistent-gpufleet/tool (deleted)', os.path.join(tree.root, str(pid), 'exe'))
+    assert I.read_exe_identity(pid, tree.root) == I.ExeIdentity('/nonexistent-gpufleet/tool (deleted)', True, None, None,
+                                                                None, 0, None)
+    ident, _extra = I.read_identity(pid, tree.root)
+    assert (ident.ppid, ident.session, ident.exe.path) == (1, pid, '/nonexistent-gpufleet/tool (deleted)')
+    ident, _extra = I.read_identity(pid, tree.root, exe=False)
+    assert ident.exe is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='the directories must be root-owned (root)')
+@pytest.mark.parametrize('name, writable, verdict', [
+    ('tool', False, False),             # in the process's root every directory is root's 0755 (ours: /tmp is 1777)
+    ('tool', True, True),               # the directory it runs from is 0777 in its root
+    ('tool (deleted)', True, True),     # upgraded while it runs: the directory of the path without the suffix
+])
+def test_the_executables_directories_are_those_of_its_own_root(tmp_path, name, writable, verdict):
+    """/proc/PID/root names the process's root: the directories of its executable are looked up there."""
+    target = tmp_path / 'host' / 'lib' / 'gpufleet' / name
+    target.parent.mkdir(parents=True)
+    shutil.copy('/bin/true', str(target))
+    jail = tmp_path / 'jail'
+    inside = str(jail) + str(target.parent)          # the same directories, inside the process's root
+    os.makedirs(inside)
+    for path in [str(jail)] + [str(jail) + str(p) for p in target.parent.parents if str(p) != '/'] + [inside]:
+        os.chmod(path, 0o755)
+    if writable:
+        os.chmod(inside, 0o777)
+    tree = ProcTree(tmp_path / 'proc')
+    pid = h.unused_pid()
+    tree.add(pid)
+    os.symlink(str(target), os.path.join(tree.root, str(pid), 'exe'))
+    os.symlink(str(jail), os.path.join(tree.root, str(pid), 'root'))
+    exe = I.read_exe_identity(pid, tree.root)
+    assert (exe.path, exe.deleted, exe.uid, exe.dir_writable) == (str(target), name.endswith(' (deleted)'), 0, verdict)
+
+
+def test_an_owner_that_cannot_be_read_twice_is_unknown_and_read_no_more(tmp_path, monkeypatch):
+    tree = ProcTree(tmp_path)
+    tree.add(4242)
+    real = I.read_bytes
+    reads = []
+
+    def failing(path, limit=None):
+        if path.endswith('/status'):
+            reads.append(limit)
+            raise OSError(5, 'Input/output error')
+        return real(path, limit)
+
+    monkeypatch.setattr(I, 'read_bytes', failing)
+    ident, _extra = I.read_identity(4242, tree.root)
+    assert ident.uids is None and reads == [I.STATUS_LIMIT, I.STATUS_LIMIT]
+
+
+def test_a_status_is_read_only_up_to_its_bound(tmp_path):
+    """A Uid: line past the first 64 KiB of /proc/PID/status is not read (the kernel's is a few hundred bytes)."""
+    tree = ProcTree(tmp_path)
+    tree.add(4242)
+    with open(os.path.join(tree.root, '4242', 'status'), 'wb') as handle:
+        handle.write(b'Name:\ttrain\n' + b'X' * I.STATUS_LIMIT + b'\nUid:\t1001\t1001\t1001\t1001\n')
+    assert I.read_identity(4242, tree.root)[0].uids is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='only a root-owned login.defs counts (root)')
+def test_the_system_uid_boundary_file_is_read_as_far_as_its_bound_and_no_further(tmp_path, monkeypatch):
+    def defs(name, data, mode=0o644):
+        return _login_defs(tmp_path, name, data, mode)
+
+    pad = b'#' * 99 + b'\n'
+    limit = 1024 * 1024
+    # past the first 64 KiB read, and with more after it: every read is kept
+    assert I.system_uid_max(defs('late', pad * 700 + b'SYS_UID_MAX 500\n' + pad * 1000)) == 500
+    # a line that starts 4 bytes before the 1 MiB bound is cut there: not read
+    head = pad * ((limit - 4) // 100) + b'#' * ((limit - 4) % 100 - 1) + b'\n'
+    assert len(head) == limit - 4
+    assert I.system_uid_max(defs('past', head + b'SYS_UID_MAX 500\n' + pad)) == 999
+    assert I.system_uid_max(defs('zero', b'SYS_UID_MAX 0\n')) == 0
+    assert I.system_uid_max(defs('others-x', b'SYS_UID_MAX 300\n', mode=0o645)) == 300   # others may run it, not write it
+    flags = _record_open_flags(monkeypatch)
+    assert I.system_uid_max(defs('flags', b'SYS_UID_MAX 400\n')) == 400
+    assert flags[0] & os.O_CLOEXEC and flags[0] & os.O_NOFOLLOW
+    monkeypatch.undo()
+
+    def broken_read(_fd, _size):
+        raise OSError(5, 'Input/output error')
+
+    path = defs('unreadable', b'SYS_UID_MAX 400\n')
+    monkeypatch.setattr(os, 'read', broken_read)
+    assert I.system_uid_max(path) == 999   # a read error: the default
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='chowns a directory to nobody (root)')
+def test_a_directory_a_user_owns_or_a_file_on_the_path_is_writable(tmp_path):
+    """Owned by nobody, even at 0755, or not a directory at all (root's file where a directory should be): either
+    way root does not vouch for what is below it."""
+    jail = tmp_path / 'jail'
+    (jail / 'usr' / 'bin').mkdir(parents=True)
+    for path in (jail, jail / 'usr', jail / 'usr' / 'bin'):
+        os.chmod(str(path), 0o755)
+    assert I.dirs_writable('/usr/bin/tool', root=str(jail)) is False
+    os.chown(str(jail / 'usr'), NOBODY, -1)
+    assert I.dirs_writable('/usr/bin/tool', root=str(jail)) is True
+    os.chown(str(jail / 'usr'), 0, -1)
+    (jail / 'opt').write_text('a file')
+    os.chmod(str(jail / 'opt'), 0o644)
+    assert I.dirs_writable('/opt/tool', root=str(jail)) is True

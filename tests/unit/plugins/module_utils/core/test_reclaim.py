@@ -15,11 +15,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import audit_log, killer
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import identity as I
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import reclaim as core_reclaim
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.processes import ProcessInventory
@@ -27,6 +30,7 @@ from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reclaim impo
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.select import Selector
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
+from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import guard_test_helpers as fake
 
 pytestmark = h.needs_gpusim
 needs_root = h.needs_root
@@ -326,6 +330,71 @@ def test_the_callers_own_tree_is_protected():
     assert 'never' in protection.reason(killer.ProcInfo(1, 'init', 'S', 0, 1, 0, 1, 0, None, ['init']))
 
 
+# A selected parent (its own session) and its children, each told by its first argument what it is: 'plain', 'nobody'
+# (drops to nobody: root only), 'sshd' (a root process that names itself sshd) or 'session' (a session of its own).
+FAMILY = r'''
+import ctypes, os, sys, time
+kinds = sys.argv[1:]
+for kind in kinds:
+    pid = os.fork()
+    if pid == 0:
+        if kind == 'nobody':
+            os.setgid(65534); os.setgroups([]); os.setuid(65534)
+        elif kind == 'sshd':
+            ctypes.CDLL(None).prctl(15, b'sshd', 0, 0, 0)
+        elif kind == 'session':
+            os.setsid()
+        time.sleep(600)
+        os._exit(0)
+    sys.stdout.write('%s %d\n' % (kind, pid))
+sys.stdout.write('ready\n')
+sys.stdout.flush()
+time.sleep(600)
+'''
+
+
+def _settled(kind, pid):
+    """True once the FAMILY child ``pid`` has become what ``kind`` says."""
+    info = killer.read_proc(pid)
+    if info is None:
+        return False
+    return {'sshd': info.comm == 'sshd', 'nobody': info.uid == 65534, 'session': info.session == pid}.get(kind, True)
+
+
+def test_a_protected_child_of_a_selected_process_is_never_taken_with_its_tree():
+    """tree=true collects a selected process's children; a protected one among them (protect_users, a system
+    service's trusted name, the caller's own session) is skipped with its reason, like a selected one (issue 34)."""
+    kinds = ['plain', 'session'] + (['nobody', 'sshd'] if os.geteuid() == 0 else [])
+    parent = subprocess.Popen([sys.executable, '-c', FAMILY] + kinds, stdout=subprocess.PIPE, start_new_session=True)
+    kids = {}
+    try:
+        for _kind in kinds:
+            kind, pid = parent.stdout.readline().decode().split()
+            kids[kind] = int(pid)
+        assert parent.stdout.readline() == b'ready\n'
+        h.wait_for(lambda: all(_settled(kind, pid) for kind, pid in kids.items()), what='the children to settle')
+        protection = killer.Protection(protect_names=['sshd'], protect_users=['nobody'])
+        protection.self_session = kids['session']   # the caller's session, as seen from that child
+        info = killer.read_proc(parent.pid)
+        snap = fake.snapshot([fake.proc(parent.pid, 'root', {0: 1024}, uid=info.uid, starttime=info.starttime)])
+        decided = plan(snap, Selector(pids=[parent.pid]), ReclaimOptions(tree=True), protection)
+        assert sorted(v.pid for v in decided.victims) == sorted([parent.pid, kids['plain']])
+        skipped = dict((entry['pid'], entry['reason']) for entry in decided.skipped)
+        expected = {kids['session']: 'in the session of the reclaiming process'}
+        if 'nobody' in kids:
+            expected[kids['nobody']] = 'protected user nobody (protect_users)'
+            if I.name_trusted(killer.read_proc(kids['sshd']).identity):   # root, and a root-owned python outside user dirs
+                expected[kids['sshd']] = 'protected name sshd (protect_names)'
+        assert dict((pid, skipped.get(pid)) for pid in expected) == expected
+    finally:
+        for pid in kids.values():   # the test's own grandchildren, while they are still children of the live parent
+            info = killer.read_proc(pid)
+            if info is not None and info.ppid == parent.pid:
+                os.kill(pid, signal.SIGKILL)
+        parent.kill()
+        parent.wait(10)
+
+
 # ---------------------------------------------------------------------------- check mode
 def test_check_mode_lists_exactly_what_would_be_killed_and_sends_nothing(node, tmp_path):
     audit = str(tmp_path / 'actions.jsonl')
@@ -367,6 +436,51 @@ def test_memory_the_driver_keeps_is_reported_as_a_leak_after_a_bounded_wait(tmp_
         (unreleased,) = result['unreleased']
         assert unreleased['unreleased_mib'] == 2048 and 'leak' in unreleased['cause'] and 'gpu_reset' in unreleased['cause']
         assert result['release']['0']['released'] is False
+
+
+class _UnreadableDriver(object):
+    """select_backends for the release wait whose one backend cannot tell which processes a GPU lists: ``memory_view``
+    raises (the driver stopped answering) or returns the memory with no process list (``None``)."""
+
+    def __init__(self, raises):
+        self.raises = raises
+
+    def __call__(self, name):
+        raises = self.raises
+
+        class Backend(object):
+            def __init__(self):
+                self.name = name
+
+            def memory_view(self, vendor_indexes=None):
+                if raises:
+                    raise RuntimeError('NVML_ERROR_GPU_IS_LOST')
+                return dict((i, (0, None)) for i in vendor_indexes or ())
+
+            def devices(self):
+                raise RuntimeError('NVML_ERROR_GPU_IS_LOST')
+
+        class Selection(object):
+            backends = [Backend()]
+
+            def close(self):
+                pass
+
+        return Selection()
+
+
+@pytest.mark.parametrize('raises', [True, False], ids=['the driver read raises', 'no process list'])
+def test_a_release_the_driver_cannot_show_is_never_reported(node, monkeypatch, raises):
+    """The victim really exits and its memory really comes back, but the release wait cannot read the GPU's process
+    list: reclaim() reports the GPU unreleased, not freed (issue 34)."""
+    victim = node.spawn(0, 2048)
+    monkeypatch.setattr(core_reclaim, 'select_backends', _UnreadableDriver(raises))
+    result = run(node, pids=[victim], release_timeout=0.5)
+    assert pids(result['killed']) == [victim] and not node.alive(victim)
+    assert result['release']['0']['released'] is False and result['release']['0']['seconds'] is None
+    assert [entry['gpu'] for entry in result['unreleased']] == [0]
+    assert result['killed'][0]['seconds_to_release'] is None
+    assert ('2048 MiB not released' if raises else 'release not confirmed on GPU 0') in result['msg']
 
 
 # ---------------------------------------------------------------------------- audit, options

@@ -11,6 +11,7 @@ and recovery actions are attached to the snapshots here, or come from the simula
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ import time
 import pytest
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import remediate as rem
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import reset, xid
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes, reset, xid
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import gpu_test_helpers as h
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils import guard_test_helpers as g
@@ -326,13 +327,16 @@ def test_slurm_drain_then_resume_once_health_reads_clean(node, tmp_path):
 
 
 @needs_root
-def test_the_drain_hook_runs_without_slurm_and_a_user_named_slurmd_does_not_count(node, tmp_path):
+def test_the_drain_hook_runs_without_slurm_and_a_user_named_slurmd_does_not_count(node, tmp_path, monkeypatch):
     hook, calls = recorder(tmp_path, 'drain-hook')
     scontrol, scalls = recorder(tmp_path, 'scontrol')
     host = SimHost(node, events={1: [event(64, when=time.time(), bus=BUS[1])]}, scontrol=scontrol)
     opts = options(tmp_path, drain_command=[hook, '--cluster', 'a'], node_name='n1')
-    result = rem.remediate(opts, host)  # the scheduler is read from /proc: no root-vouched slurmd here
-    assert result['node']['scheduler'] in (None, 'kubelet') and scalls() == []
+    with h.a_user_named_slurmd(str(tmp_path / 'proc')) as proc_root:
+        # the ladder reads the scheduler from a process table of the test's own (the host's may hold a real slurmd)
+        monkeypatch.setattr(rem, 'scheduler_daemon', functools.partial(processes.scheduler_daemon, proc_root))
+        result = rem.remediate(opts, host)   # the user's slurmd is no root-vouched one
+    assert result['node']['scheduler'] is None and scalls() == []
     assert calls() == [['--cluster', 'a', 'drain', 'n1', 'gpufleet: GPU 1 (%s): Xid 64 (gpu fault): the GPU should take no '
                                                          'new work' % BUS[1]]]
     assert result['node']['drain']['via'] == 'drain_command'

@@ -313,3 +313,69 @@ def test_the_epilog_refuses_a_job_id_that_is_not_a_number(capsys):
         os.environ.clear()
         os.environ.update(old)
     assert "SLURM_JOB_ID: expected a job number, got '7;reboot'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- the epilog's release check
+class _Slurm(object):
+    """The Slurm commands the epilog calls: no other job on the node, no listpids, and a drain that is recorded."""
+
+    def __init__(self):
+        self.drained = []
+
+    def jobs(self, _node):
+        return {}
+
+    def listpids(self):
+        return {}
+
+    def drain(self, node, reason):
+        self.drained.append((node, reason))
+
+
+def _driver(listed):
+    """select_backends for the release wait: memory_view gives ``listed(vendor_indexes)``, or raises when it is None."""
+    def select(name):
+        class Backend(object):
+            def __init__(self):
+                self.name = name
+
+            def memory_view(self, vendor_indexes=None):
+                if listed is None:
+                    raise RuntimeError('NVML_ERROR_GPU_IS_LOST')
+                return listed(vendor_indexes)
+
+        class Selection(object):
+            backends = [Backend()]
+
+            def close(self):
+                pass
+
+        return Selection()
+    return select
+
+
+@pytest.mark.parametrize('listed, drains', [
+    (None, True),                                                       # the driver read raises
+    (lambda asked: dict((i, (0, None)) for i in asked), True),          # memory free, process list unreadable
+    (lambda asked: dict((i, (0, set())) for i in asked), False),        # read, and the ghost is gone: released
+], ids=['read raises', 'no process list', 'released'])
+def test_the_epilog_drains_when_the_release_cannot_be_read(monkeypatch, listed, drains):
+    """Job 7's exited process is still listed on GPU 0 (a ghost, 2 GiB): the epilog waits for the driver to drop it.
+    When the driver's process list cannot be read, nothing proves the GPU free, so the node is drained (issue 34)."""
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import reclaim as core_reclaim
+    from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.guard_test_helpers import proc, snapshot
+    snap = snapshot([proc(4242, 'alice', {0: 2048}, uid=1001)])
+    snap.processes[0].status = 'not_found'   # exited: only the driver still lists it
+    monkeypatch.setattr(core_reclaim, 'select_backends', _driver(listed))
+    client = _Slurm()
+    environ = {'SLURM_JOB_ID': '7', 'SLURMD_NODENAME': 'node01', 'SLURM_JOB_GPUS': '0', 'SLURM_JOB_UID': '1001'}
+    out = scripts.epilog(scripts.ScriptOptions(release_timeout=0.3), environ=environ, client=client,
+                         snapshot_fn=lambda **_kwargs: snap)
+    assert out['killed'] == [] and out['rc'] == scripts.EXIT_OK
+    assert out['release']['0']['released'] is (not drains)
+    if drains:
+        assert out['unreleased'] == [{'gpu': 0, 'mib': 2048 if listed is None else 0}]
+        assert client.drained == [('node01', 'gpufleet: GPU 0 holds %d MiB after job 7' % out['unreleased'][0]['mib'])]
+        assert out['drained'] == client.drained[0][1]
+    else:
+        assert out['unreleased'] == [] and client.drained == [] and out['drained'] is None

@@ -204,7 +204,11 @@ def alices_dir(uids):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_a_process_named_slurmd_or_kubelet_is_not_a_scheduler(alices_dir, uids, started):
+def test_a_process_named_slurmd_or_kubelet_is_not_a_scheduler(alices_dir, uids, started, tmp_path):
+    # a process table of the test's own processes only (links to their /proc entries): a real slurmd elsewhere on the
+    # machine (the simulated Slurm fleet starts one) is not in it
+    table = tmp_path / 'proc'
+    table.mkdir()
     for name in ('slurmd', 'kubelet'):
         fake = os.path.join(alices_dir, name)
         shutil.copy(SLEEP, fake)
@@ -213,8 +217,12 @@ def test_a_process_named_slurmd_or_kubelet_is_not_a_scheduler(alices_dir, uids, 
             child = started([fake, '60'], preexec)
             h.wait_for(lambda: comm(child.pid) == name, timeout=10)
             assert PR.root_daemon_name(child.pid) is None
-        assert PR.scheduler_daemon() is None
-        assert P.detect_scheduler() is None
+            os.symlink('/proc/%d' % child.pid, str(table / str(child.pid)))
+        assert PR.scheduler_daemon(str(table)) is None
+        assert P.detect_scheduler(str(table)) is None
+    root_sleep = started([SLEEP, '60'])   # the control: the same table does vouch for a root daemon
+    os.symlink('/proc/%d' % root_sleep.pid, str(table / str(root_sleep.pid)))
+    assert PR.root_daemon_name(root_sleep.pid, str(table)) == 'sleep'
 
 
 def test_root_daemon_name_needs_root_uids_and_a_root_owned_executable_in_root_owned_directories(tmp_path, uids, started):

@@ -487,6 +487,58 @@ def test_max_runtime_per_process():
     assert evaluate('users: {alice: {max_runtime_h: 4}}', snap, now=now) == []
 
 
+def _alice_at(rule, measured):
+    """A snapshot whose alice measures ``measured`` on ``rule`` (MiB, GPUs, processes or seconds), and the state."""
+    now, state = MONDAY_NOON, {}
+    if rule in ('max_mem_total', 'max_mem_per_gpu', 'group_max_mem_total', 'gpu_max_mem_total'):
+        procs = [proc(1, 'alice', {0: measured - 1024}), proc(2, 'alice', {0: 1024})]
+    elif rule in ('max_gpus', 'group_max_gpus'):
+        procs = [proc(1, 'alice', dict((g, 100) for g in range(measured)))]
+    elif rule in ('max_procs', 'max_procs_per_gpu', 'group_max_procs'):
+        procs = [proc(pid, 'alice', {0: 100}) for pid in range(1, measured + 1)]
+    elif rule == 'max_runtime':
+        procs = [proc(1, 'alice', {0: 100}, ct=now - measured)]
+    else:  # idle: a process idle (0 %, holding more than mem_min) since ``measured`` seconds
+        procs = [proc(1, 'alice', {0: 4 * GIB}, util=0)]
+        state = {'idle': {'1:10': {'since': now - measured}}}
+    return snapshot(procs, gpus=8), state
+
+
+BOUNDARIES = [   # rule, policy, the limit as measured, the unit step; every one but idle fires only *over* its limit
+    ('max_mem_total', 'users: {alice: {max_mem_mib_total: 8192}}', 8192, 1),
+    ('max_mem_per_gpu', 'users: {alice: {max_mem_mib_per_gpu: 8192}}', 8192, 1),
+    ('max_gpus', 'users: {alice: {max_gpus: 2}}', 2, 1),
+    ('max_procs', 'users: {alice: {max_procs: 3}}', 3, 1),
+    ('max_procs_per_gpu', 'users: {alice: {max_procs_per_gpu: 3}}', 3, 1),
+    ('max_runtime', 'users: {alice: {max_runtime: 2h}}', 7200, 1),
+    ('group_max_mem_total', 'groups: {lab: {members: [alice], group_max_mem_gib_total: 8}}', 8192, 1),
+    ('group_max_gpus', 'groups: {lab: {members: [alice], group_max_gpus: 2}}', 2, 1),
+    ('group_max_procs', 'groups: {lab: {members: [alice], group_max_procs: 3}}', 3, 1),
+    ('gpu_max_mem_total', 'gpus: {"0": {max_mem_gib_total: 8}}', 8192, 1),
+]
+
+
+@pytest.mark.parametrize('rule, text, limit, step', BOUNDARIES, ids=[b[0] for b in BOUNDARIES])
+def test_a_limit_holds_at_its_boundary_and_fires_just_over_it(rule, text, limit, step):
+    """Exactly at the limit is allowed (the messages say "more than"); one unit over is a violation, measured as such."""
+    policy = load(text)
+    for measured, fires in ((limit - step, False), (limit, False), (limit + step, True)):
+        snap, state = _alice_at(rule, measured)
+        found = evaluate(policy, snap, state)
+        assert [v.rule for v in found] == ([rule] if fires else []), (rule, measured)
+        if fires:
+            assert (found[0].measured, found[0].limit) == (measured, limit)
+
+
+def test_the_idle_limit_fires_once_the_process_has_been_idle_for_its_duration():
+    """``idle: {for: 10m}``: idle for 10 minutes is enough (the clock has run its duration); 1 s short is not."""
+    policy = load(IDLE)
+    for idle_for, fires in ((599, False), (600, True), (601, True)):
+        snap, state = _alice_at('idle', idle_for)
+        found = evaluate(policy, snap, state)
+        assert [(v.rule, v.measured, v.limit) for v in found] == ([('idle', idle_for, 600)] if fires else []), idle_for
+
+
 def test_gpu_access_allowed_and_blocked():
     snap = snapshot([proc(1, 'alice', {0: GIB}), proc(2, 'alice', {3: GIB}), proc(3, 'alice', {1: GIB, 2: GIB})])
     found = evaluate('users: {alice: {allowed_gpus: "0-1"}}', snap)
