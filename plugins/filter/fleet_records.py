@@ -33,8 +33,10 @@ options:
     type: dict
     required: true
   register:
-    description: The name each node registered the module's result under.
-    type: str
+    description:
+      - The name each node registered the module's result under, or a list of names - the first one a node registered
+        is its result (the act play's before the plan's, in the playbooks that plan every node first).
+    type: raw
     required: true
   workflow:
     description: The playbook whose records to build.
@@ -48,6 +50,12 @@ options:
   max_fail_percentage:
     description: For C(reset_unhealthy), the threshold named in a halted node's message.
     type: raw
+  blast:
+    description:
+      - The run's blast-radius decision (P(gpufleet.reclaim.blast_radius#filter)). Every record then has C(held) - the
+        reason when the limit held the node, else V(null) - and for C(rogue_cleanup) and C(reclaim_idle)
+        C(held_processes), the processes the limit held (a held node's planned kills among them), each with the reason.
+    type: dict
 author:
   - gpufleet.reclaim developers (!UNKNOWN)
 """
@@ -103,7 +111,8 @@ def _freed(result):
 
 def _kills(result):
     return {'killed': result.get('killed') or [], 'kill_failed': result.get('failed_processes') or [],
-            'freed_mib': _freed(result), 'unreleased': result.get('unreleased') or []}
+            'freed_mib': _freed(result), 'unreleased': result.get('unreleased') or [],
+            'held_processes': result.get('held_processes') or []}
 
 
 def _rogue_cleanup(result):
@@ -157,13 +166,33 @@ def node_status(result, workflow):
     return 'ok', msg
 
 
-def fleet_records(hosts, hostvars, register, workflow, extra=None, max_fail_percentage=None):
+def _held(record, host, blast):
+    """The blast-radius decision's part of a node's record (see the option ``blast``)."""
+    reason = (blast.get('held') or {}).get(host)
+    record['held'] = reason
+    if 'held_processes' not in record:
+        return
+    if reason and host not in (blast.get('kills') or {}):
+        record['held_processes'] = record['held_processes'] + record['killed']   # the plan's: none was signalled
+        record['killed'] = []
+    if blast.get('reason'):
+        record['held_processes'] = [dict(proc, reason=blast['reason']) for proc in record['held_processes']]
+
+
+def _registers(register):
+    names = [register] if isinstance(register, str) else list(register) if isinstance(register, (list, tuple)) else []
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise AnsibleFilterError('gpufleet.reclaim.fleet_records: invalid register %r: expected a variable name or a list of them'
+                                 % (register,))
+    return names
+
+
+def fleet_records(hosts, hostvars, register, workflow, extra=None, max_fail_percentage=None, blast=None):
     """One record per host of ``hosts`` that registered ``register`` (see DOCUMENTATION)."""
     if workflow not in WORKFLOWS:
         raise AnsibleFilterError('gpufleet.reclaim.fleet_records: invalid workflow %r: expected one of %s'
                                  % (workflow, ', '.join(sorted(WORKFLOWS))))
-    if not isinstance(register, str) or not register:
-        raise AnsibleFilterError('gpufleet.reclaim.fleet_records: invalid register %r: expected a variable name' % (register,))
+    registers = _registers(register)
     if isinstance(hosts, str) or not all(isinstance(host, str) for host in hosts or []):
         raise AnsibleFilterError('gpufleet.reclaim.fleet_records: invalid hosts %r: expected a list of host names' % (hosts,))
     records = []
@@ -171,21 +200,24 @@ def fleet_records(hosts, hostvars, register, workflow, extra=None, max_fail_perc
         if host not in hostvars:
             continue
         node_vars = hostvars[host]
-        if register not in node_vars:
+        name = next((n for n in registers if n in node_vars), None)
+        if name is None:
             continue
-        result = node_vars[register]
+        result = node_vars[name]
         if not isinstance(result, Mapping):
-            raise AnsibleFilterError('gpufleet.reclaim.fleet_records: %s of %s is %r, not a task result' % (register, host, result))
+            raise AnsibleFilterError('gpufleet.reclaim.fleet_records: %s of %s is %r, not a task result' % (name, host, result))
         status, msg = node_status(result, workflow)
         record = {'host': host, 'status': status, 'msg': msg}
         record.update(WORKFLOWS[workflow](result))
+        if blast is not None:
+            _held(record, host, blast)
         record.update(extra or {})
         records.append(record)
     if workflow == 'reset_unhealthy':
         failed = len([r for r in records if r['status'] == 'failed'])
         for record in records:
             if record['status'] == 'halted':
-                record['msg'] = ('not attempted: %d of %d node(s) failed their reset in earlier batches, more than '
+                record['msg'] = ('not attempted: %d of %d node(s) failed their reset (in the plan or an earlier batch), more than '
                                  'reset_max_fail_percentage=%s%%' % (failed, len(records), max_fail_percentage))
     return records
 

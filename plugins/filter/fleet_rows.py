@@ -26,6 +26,10 @@ description:
     first backend's error or an empty string), so that a page of nodes is written from its own rows only.
   - C(csv) is fleet.csv's text (one line per GPU, docs/report.md), C(records) the node records it was given (so that one
     C(set_fact) carries both).
+  - C(disrupted) has one row per node that gpufleet disrupted lately (C(host), C(why)) - still drained by the remediation
+    ladder or in Slurm for a gpufleet reason, flagged for a reboot, or reset, drained, flagged or with a service stopped
+    within O(disruption_window) - from each node's C(disruption) fact (the blast-radius limit's own reading,
+    P(gpufleet.reclaim.blast_radius#filter)).
   - C(users) (per user, by GPU memory), C(idle) (idle holders by memory), C(orphaned) (GPUs with orphaned memory, by
     that memory), C(unhealthy) (GPUs whose health is not V(ok)) and C(totals) (the counts and sums the report's summary,
     fleet.json and the job artifacts show).
@@ -63,6 +67,11 @@ options:
     description: How many rows of an offenders' list the report's first page shows; a longer list gets pages of its own.
     type: int
     default: 100
+  disruption_window:
+    description: How long a node counts as disrupted after gpufleet reset, drained or flagged it (a duration, such as the
+      acting playbooks' C(reclaim_window)).
+    type: str
+    default: 1h
 author:
   - gpufleet.reclaim developers (!UNKNOWN)
 """
@@ -114,6 +123,10 @@ _value:
       description: The rows of C(gpus) whose health is not V(ok).
       type: list
       elements: dict
+    disrupted:
+      description: One row per node gpufleet disrupted lately (C(host), C(why), a list of reasons).
+      type: list
+      elements: dict
     pages:
       description: The report's pages past the first (C(kind), C(page), C(file), C(start), C(stop)).
       type: list
@@ -128,7 +141,7 @@ _value:
     totals:
       description: C(nodes), C(nodes_ok), C(nodes_unreachable), C(nodes_failed), C(gpus), C(memory_total_mib),
         C(memory_used_mib), C(orphaned_mib), C(idle_mib), C(processes), C(users), C(unhealthy_gpus), C(idle_holders),
-        C(orphan_holders).
+        C(orphan_holders), C(disrupted_nodes).
       type: dict
 """
 
@@ -136,8 +149,11 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.blast import disrupted_because
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.idle import IdleRule
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.text import csv_cell, csv_row
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.units import parse_duration
 
 # fleet.csv's columns: a GPU row's fields, then message (a node that could not be read, or has no GPU, is one row)
 CSV_COLUMNS = ('host', 'status', 'gpu_index', 'uuid', 'name', 'pci_bus_id', 'memory_used_mib', 'memory_total_mib', 'memory_used_pct',
@@ -263,7 +279,14 @@ def _count(name, value, least):
     return number
 
 
-def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024, page_nodes=0, page_rows=1000, index_rows=100):
+def _window(value):
+    try:
+        return parse_duration(value, 'disruption_window')
+    except InvalidArgument as exc:
+        raise AnsibleFilterError('fleet_rows: %s' % exc)
+
+
+def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024, page_nodes=0, page_rows=1000, index_rows=100, disruption_window='1h'):
     if not isinstance(records, (list, tuple)):
         raise AnsibleFilterError('fleet_rows: the node records must be a list, got %s' % type(records).__name__)
     try:
@@ -272,7 +295,8 @@ def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024, page_nodes=0, page_r
         raise AnsibleFilterError('fleet_rows: idle_util_pct and idle_min_mib must be integers: %s' % exc)
     rule = IdleRule(idle_util_pct, idle_min_mib)
     page_nodes, page_rows, index_rows = _count('page_nodes', page_nodes, 0), _count('page_rows', page_rows, 1), _count('index_rows', index_rows, 0)
-    gpus, procs, holders, nodes = [], [], [], []
+    window = _window(disruption_window)
+    gpus, procs, holders, nodes, disrupted = [], [], [], [], []
     status = {'ok': 0, 'unreachable': 0}
     for node in records:
         if not isinstance(node, Mapping) or 'host' not in node:
@@ -287,6 +311,9 @@ def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024, page_nodes=0, page_r
         gpus.extend(mine)
         procs.extend(_proc_row(host, proc, utils, rule) for proc in processes)
         holders.extend(dict(holder, host=host, cmd=_cmd(holder)) for holder in facts.get('holders') or [])
+        why = disrupted_because(facts.get('disruption'), window)
+        if why:
+            disrupted.append({'host': host, 'why': why})
     users = _users(procs)
     idle = sorted((row for row in procs if row['idle']), key=lambda row: row['used_mib'], reverse=True)
     orphaned = sorted((row for row in gpus if row['orphaned_mib']), key=lambda row: row['orphaned_mib'], reverse=True)
@@ -297,14 +324,15 @@ def fleet_rows(records, idle_util_pct=5, idle_min_mib=1024, page_nodes=0, page_r
               'memory_used_mib': sum(row['memory_used_mib'] or 0 for row in gpus),
               'orphaned_mib': sum(row['orphaned_mib'] or 0 for row in gpus),
               'idle_mib': sum(row['used_mib'] or 0 for row in idle), 'processes': len(procs), 'users': len(users),
-              'unhealthy_gpus': len(unhealthy), 'idle_holders': len(idle), 'orphan_holders': len(holders)}
+              'unhealthy_gpus': len(unhealthy), 'idle_holders': len(idle), 'orphan_holders': len(holders),
+              'disrupted_nodes': len(disrupted)}
     pages = []
     if page_nodes and len(nodes) > page_nodes:
         pages = _pages('nodes', len(nodes), page_nodes)
         for kind, rows in (('idle', idle), ('orphaned', orphaned), ('holders', holders), ('unhealthy', unhealthy)):
             pages.extend(_pages(kind, len(rows), page_rows) if len(rows) > index_rows else [])
     return {'records': records, 'gpus': gpus, 'procs': procs, 'holders': holders, 'nodes': nodes, 'users': users, 'idle': idle,
-            'orphaned': orphaned, 'unhealthy': unhealthy, 'pages': pages, 'totals': totals, 'csv': fleet_csv(nodes, gpus)}
+            'orphaned': orphaned, 'unhealthy': unhealthy, 'disrupted': disrupted, 'pages': pages, 'totals': totals, 'csv': fleet_csv(nodes, gpus)}
 
 
 class FilterModule(object):

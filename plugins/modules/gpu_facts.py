@@ -418,6 +418,19 @@ ansible_facts:
           type: dict
           sample: {reason: large tables, processes: 50, descriptors: 999500, read: 612, limit: 131072, seconds: 3.0,
                    largest: [{pid: 4242, fds: 19990, user: mallory}]}
+        disruption:
+          description:
+            - What gpufleet did to this node lately (the blast-radius limit's reading, shown by the C(inventory_report)
+              playbook) - C(drained) (the remediation ladder's own drain, its C(reason), C(via) and C(ago_s)),
+              C(reboot_flag) (this boot's flag, its C(time) and C(gpus)), C(scheduler) (Slurm's drain of the node for a
+              gpufleet reason, read only where a root-vouched slurmd runs), C(actions) (the newest disruptive actions
+              gpufleet took - a reset, a drain, a reboot flag, a stopped service - each C(action), C(gpu), C(time),
+              C(ago_s) by this node's clock, C(by), C(detail)) and C(errors) (what could not be read; root reads it all).
+          returned: always
+          type: dict
+          sample: {drained: null, reboot_flag: null, scheduler: null, errors: [],
+                   actions: [{action: reset, gpu: GPU-3a6588f9-70db-f709-499d-076dde68e602, time: 1767225600.0, ago_s: 312.4,
+                              by: remediate, detail: Xid 48 (gpu fault)}]}
         holders:
           description:
             - Processes that hold a GPU device file (C(/dev/nvidia*), C(/dev/dri/*), C(/dev/kfd)) open but are not listed
@@ -462,6 +475,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.snapshot import take_snapshot
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import watchdog
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.disruption import node_disruption
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.fdwalk import incomplete_text
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import gpu_options, run_module
 
@@ -498,6 +512,7 @@ def main():
     if snapshot.holders_incomplete is not None:
         module.warn(incomplete_text(snapshot.holders_incomplete))
     facts = snapshot.to_facts()
+    facts['disruption'] = node_disruption()
     if module.params['fail_on_no_gpu'] and not snapshot.all_devices:
         module.fail_json(msg=no_gpu_message(facts), ansible_facts=dict(gpu=facts))
 

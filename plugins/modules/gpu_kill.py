@@ -169,6 +169,14 @@ options:
     description: Also terminate the children of each selected process (collected before the first signal).
     type: bool
     default: true
+  max_kills:
+    description:
+      - Signal at most this many processes; the rest of the selection is left alone and reported in
+        RV(held_processes). The processes with the most GPU memory go first, a process and the children collected with
+        it (O(tree)) together; once a family does not fit, it and every later one are held.
+      - The playbooks C(rogue_cleanup) and C(reclaim_idle) give each node its share of C(reclaim_max_kills) (the
+        blast-radius limit, see the collection's C(docs/fleet-tuning.md)). Omit for no limit.
+    type: int
   release_timeout:
     description:
       - Seconds to wait, after the processes exit, for the driver to show their memory as free. Must not be negative.
@@ -326,6 +334,13 @@ skipped_processes:
       seconds_to_release: null
       selected_because: [on GPU 0 (all_on_gpus)]
       reason: protected name nv-hostengine (protect_names)
+held_processes:
+  description:
+    - "Processes that matched the selectors but were left alone because O(max_kills) was reached, with
+      RV(killed[].reason) saying so (C(held: blast-radius limit ...)). Entries have the same keys as RV(killed)."
+  returned: always
+  type: list
+  elements: dict
 failed_processes:
   description:
     - Processes that were signalled but are still running, with the reason (SIGTERM ignored without O(force), D state,
@@ -469,6 +484,7 @@ def argument_spec():
         force=dict(type='bool', default=False),
         tree=dict(type='bool', default=True),
         release_timeout=dict(type='float', default=15.0),
+        max_kills=dict(type='int'),
         utilization_history=dict(type='path', default=HISTORY_PATH),
     )
 
@@ -498,7 +514,7 @@ def build(params, report=None):
                              release_timeout=params['release_timeout'], protect_names=params['protect_names'],
                              protect_users=params['protect_users'], vendor=params['vendor'],
                              audit_path=params['audit_log'], history_path=params['utilization_history'],
-                             driver_timeout=params.get('driver_timeout'))
+                             driver_timeout=params.get('driver_timeout'), max_kills=params['max_kills'])
     return selector, options
 
 
@@ -509,7 +525,7 @@ def _line(entry):
 
 def diff(result):
     """Before: every selected process; after: the ones still running (failed and skipped)."""
-    still = result['failed_processes'] + result['skipped_processes']
+    still = result['failed_processes'] + result['skipped_processes'] + result['held_processes']
     before = sorted(_line(e) for e in result['killed'] + still)
     after = sorted(_line(e) for e in still)
     return {'before': ''.join(line + '\n' for line in before), 'after': ''.join(line + '\n' for line in after),
@@ -522,6 +538,7 @@ def module_result(result):
     result = dict(result)
     result['skipped_processes'] = result.pop('skipped')
     result['failed_processes'] = result.pop('failed')
+    result['held_processes'] = result.pop('held')
     return result
 
 

@@ -34,6 +34,10 @@ description:
     node returns to service once health reads clean.
   - Every driver read runs under O(driver_timeout) - a hung driver fails the task with C(driver_hung) naming the call,
     before any step is taken.
+  - The ladder's budget - at most O(max_resets) resets per GPU and one drain and one reboot flag per node per
+    O(budget_window), and no Slurm drain while more than O(max_drained_pct) of a partition of the node is drained for a
+    gpufleet reason already. A step past the budget is not taken and does not escalate - its status is
+    C(budget_exhausted) (or C(partition_limit)) with the reason, and a human decides.
 author:
   - gpufleet.reclaim developers (!UNKNOWN)
 requirements:
@@ -113,9 +117,28 @@ options:
     type: path
     default: /var/lib/gpufleet/reboot-wanted
   state_path:
-    description: Where the handled events and the drain this module set are remembered.
+    description:
+      - Where the handled events, the drain this module set and the disruptive actions gpufleet took on the node (the
+        budget's counts) are remembered.
     type: path
     default: /var/lib/gpufleet/remediation.json
+  max_resets:
+    description: The budget - at most this many resets of one GPU per O(budget_window) (0 to 100; 0 never resets).
+    type: int
+    default: 2
+  budget_window:
+    description:
+      - The budget's window, a duration such as V(24h) or V(90m) (more than 0, at most V(7d)); one drain and one reboot
+        flag per node per window too.
+    type: str
+    default: 24h
+  max_drained_pct:
+    description:
+      - Where Slurm drains the node - no drain while more than this percentage of a partition of the node is drained for
+        a gpufleet reason already (C(sinfo --json); a Slurm that cannot be asked means no drain). V(100) turns the check
+        off.
+    type: float
+    default: 50
 seealso:
   - module: gpufleet.reclaim.gpu_reset
   - module: gpufleet.reclaim.gpu_kill
@@ -174,6 +197,31 @@ msg:
   description: One-line summary.
   returned: always
   type: str
+remediation_budget_exhausted:
+  description: Whether the ladder's budget held a step (RV(budget)).
+  returned: always
+  type: bool
+budget:
+  description: The budget - C(max_resets), C(window_s), C(max_drained_pct), and C(exhausted) (each held step with C(step),
+    C(gpu) and C(why)).
+  returned: always
+  type: dict
+disruptive:
+  description:
+    - The disruptive actions of this call (a GPU reset, a drain, a reboot flag, the stop of a node service), taken or, in
+      check mode, predicted, each with C(action), C(gpu), C(why), C(severity) and C(since) (the oldest evidence).
+    - The acting playbooks' plan pass reads them to apply the blast-radius limit (the collection's docs/fleet-tuning.md).
+  returned: always
+  type: list
+  elements: dict
+disruption:
+  description:
+    - What gpufleet did to this node lately, as the blast-radius limit reads it - C(drained) (the remediation ladder's own
+      drain), C(reboot_flag) (this boot's flag), C(scheduler) (Slurm's drain of the node for a gpufleet reason, read only
+      where a root-vouched slurmd runs), C(actions) (the newest disruptive actions gpufleet took, from the ladder's state
+      file O(state_path) - C(action), C(gpu), C(time), C(ago_s) by this node's clock, C(by)) and C(errors).
+  returned: always
+  type: dict
 driver_hung:
   description:
     - The driver call that did not return within O(driver_timeout) - C(call), C(vendor), C(gpu), C(pci_bus_id),
@@ -184,7 +232,9 @@ driver_hung:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.budget import DEFAULT_MAX_DRAINED_PCT, DEFAULT_MAX_RESETS, Budget
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import REBOOT_FLAG_PATH, REMEDIATION_STATE_PATH
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.disruption import node_disruption
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.remediate import RemediateOptions, remediate
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reset import module_host
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import (
@@ -201,6 +251,9 @@ def argument_spec():
         node_name=dict(type='str'),
         reboot_flag=dict(type='path', default=REBOOT_FLAG_PATH),
         state_path=dict(type='path', default=REMEDIATION_STATE_PATH),
+        max_resets=dict(type='int', default=DEFAULT_MAX_RESETS),
+        budget_window=dict(type='str', default='24h'),
+        max_drained_pct=dict(type='float', default=DEFAULT_MAX_DRAINED_PCT),
     )
 
 
@@ -209,12 +262,18 @@ def build(params):
     keys = ('gpus', 'kill_application_xids', 'reset', 'kill_processes', 'kill_timeout', 'protect_names', 'protect_users',
             'stop_services', 'orphan_threshold_mib', 'verify_timeout', 'drain', 'drain_command', 'node_name', 'vendor')
     kwargs = dict((key, params[key]) for key in keys)
+    budget = Budget(params['max_resets'], params['budget_window'], params['max_drained_pct'])
     return RemediateOptions(reboot_flag=params['reboot_flag'] or None, state_path=params['state_path'] or None,
-                            audit_path=params['audit_log'] or None, **kwargs)
+                            audit_path=params['audit_log'] or None, budget=budget, **kwargs)
 
 
 def work(module):
-    return remediate(build(module.params), module_host(module), check_mode=module.check_mode)
+    options = build(module.params)
+    result = remediate(options, module_host(module), check_mode=module.check_mode)
+    # the node as the blast-radius limit reads it (core/disruption.py): what gpufleet did to it lately
+    result['disruption'] = node_disruption(options.state_path, options.reboot_flag, scheduler=result['node']['scheduler'],
+                                           node_name=result['node']['node_name'])
+    return result
 
 
 def main():

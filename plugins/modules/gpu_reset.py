@@ -153,6 +153,12 @@ options:
     type: str
     choices: [refuse, recreate]
     default: refuse
+  state_path:
+    description:
+      - The remediation ladder's state file, where each reset this module runs (and each service it stops) is recorded, so
+        that the ladder's budget and the playbooks' blast-radius limit count it. Empty records nothing.
+    type: path
+    default: /var/lib/gpufleet/remediation.json
   verify_timeout:
     description: Seconds to wait after the reset for the GPU to answer again with health C(ok) and no orphaned memory.
     type: float
@@ -355,6 +361,17 @@ resets:
       after: {memory_used_mib: 0, orphaned_mib: 0}
       verified: true
       error: null
+disruptive:
+  description:
+    - The resets of this call and the services it stops, taken or in check mode predicted, in the shape of
+      RV(gpufleet.reclaim.gpu_remediate#module:disruptive); the C(reset_unhealthy) playbook's plan pass reads them.
+  returned: always
+  type: list
+  elements: dict
+disruption:
+  description: What gpufleet did to this node lately, as RV(gpufleet.reclaim.gpu_remediate#module:disruption) describes it.
+  returned: always
+  type: dict
 reset_gpus:
   description: Indexes of the GPUs that were reset and verified (in check mode, that would be reset).
   returned: always
@@ -382,8 +399,14 @@ msg:
   sample: "reset 1 GPU(s): 1 (verified)"
 """
 
+import time
+
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import disruption
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.budget import reset_disruptions
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.constants import REBOOT_FLAG_PATH, REMEDIATION_STATE_PATH
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.errors import InvalidArgument
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.core.reset import ResetOptions, module_host, reset
 from ansible_collections.gpufleet.reclaim.plugins.module_utils.gpu_module import (
     audit_log_option, gpu_options, finish, protection_options, reset_options, run_module)
@@ -396,6 +419,7 @@ def argument_spec():
         when_needed=dict(type='bool', default=False),
         drain=dict(type='bool', default=False),
         mig_reset=dict(type='str', default='refuse', choices=['refuse', 'recreate']),
+        state_path=dict(type='path', default=REMEDIATION_STATE_PATH),
     )
 
 
@@ -410,7 +434,19 @@ def build(params):
 
 
 def work(module):
-    return reset(build(module.params), module_host(module), check_mode=module.check_mode)
+    state_path = module.params['state_path'] or None
+    if state_path and not state_path.startswith('/'):
+        raise InvalidArgument('state_path', state_path, 'expected an absolute path (or empty to record nothing)')
+    result = reset(build(module.params), module_host(module), check_mode=module.check_mode)
+    planned, entries = reset_disruptions(result, time.time())
+    result['disruptive'] = planned
+    if not module.check_mode:
+        problem = disruption.note(state_path, entries)
+        if problem:
+            result['warnings'] = result['warnings'] + [problem]
+    # the node as the blast-radius limit reads it (core/disruption.py): what gpufleet did to it lately
+    result['disruption'] = disruption.node_disruption(state_path, REBOOT_FLAG_PATH)
+    return result
 
 
 def main():

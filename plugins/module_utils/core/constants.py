@@ -42,5 +42,9 @@ ALLOCATIONS_PATH = '/run/gpufleet/allocations.json'
 METRICS_PATH = '/var/lib/node_exporter/textfile_collector/gpufleet.prom'
 REBOOT_FLAG_PATH = '/var/lib/gpufleet/reboot-wanted'
 REMEDIATION_STATE_PATH = '/var/lib/gpufleet/remediation.json'
+# The disruptive actions (core/disruption.py's history, core/blast.py's fleet limit), worst first, and how long a
+# node keeps their history: the longest window a limit may look back over.
+DISRUPTIVE_ACTIONS = ('reboot_flag', 'drain', 'reset', 'stop_service')
+DISRUPTION_KEEP_S = 7 * 86400.0
 # the modules' compiled code of the core, by the hash of its source (core/bytecode.py); root's alone
 BYTECODE_CACHE_PATH = '/var/lib/gpufleet/bytecode'

@@ -595,7 +595,7 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
             warnings.append('could not save the state %s: %s' % (paths.state, exc.strerror or exc))
             summary['rc'] = 1
         tick = {'time': now, 'duration': time.time() - wall0, 'cpu': time.process_time() - cpu0,
-                'unchecked': summary.get('unchecked_processes', 0)}
+                'unchecked': summary.get('unchecked_processes', 0), 'ladder_budget': (summary.get('remediation') or {}).get('budget')}
         _write_metrics(paths, snapshot, violations, counters, tick, mode, True, policy.enabled, warnings,
                        reboot_flagged=_reboot_flagged(policy), rogue_findings=context.rogue_findings if policy.rogue.enabled else None)
     summary['duration'] = round(time.time() - wall0, 3)
@@ -606,9 +606,12 @@ def _tick(paths, settings, now, snapshot, context, dev_roots, take_snapshot, wri
 def remediation_options(policy, paths):
     """RemediateOptions from the policy's ``remediation`` section; the ladder's state lives next to the guard's."""
     # only when the remediation section is enabled
+    from .budget import Budget  # pylint: disable=import-outside-toplevel
     from .remediate import RemediateOptions  # pylint: disable=import-outside-toplevel
     section = policy.remediation
-    return RemediateOptions(kill_application_xids=section.kill_application_xids, reset=section.reset,
+    budget = Budget(section.max_resets, section.window, section.max_drained_pct,
+                    fields=('remediation.max_resets', 'remediation.window', 'remediation.max_drained_pct'))
+    return RemediateOptions(budget=budget, kill_application_xids=section.kill_application_xids, reset=section.reset,
                             kill_processes=section.kill_processes, stop_services=section.stop_services,
                             protect_names=tuple(sorted(set(DEFAULT_PROTECT_NAMES) | set(policy.protect.names))),
                             protect_users=tuple(sorted(policy.protect.users)), drain=section.drain,

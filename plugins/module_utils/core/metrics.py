@@ -100,6 +100,24 @@ def _health_metrics(out, dev, labels, reboot_flagged):
             HEALTH_STATUSES.index(dev.health.status), labels)
 
 
+BUDGET_HELP = ('1 when the remediation ladder\'s budget (remediation.max_resets per GPU, one drain and one reboot flag per '
+               'node per remediation.window, remediation.max_drained_pct of a Slurm partition) held a step in the last tick: '
+               'a human decides')
+HELD_HELP = 'The remediation steps the ladder\'s budget held in the last tick (1 each), per step and GPU (empty: the node\'s)'
+
+
+def _budget_metrics(out, budget):
+    """The ladder's budget of the last tick (the ladder's result ``budget``; None when the ladder did not run)."""
+    if budget is None:
+        return
+    held = budget.get('exhausted') or []
+    out.add('gpufleet_guard_remediation_budget_exhausted', 'gauge', BUDGET_HELP, bool(held))
+    for entry in held:
+        reason = 'partition' if str(entry.get('why', '')).startswith('partition_limit') else 'budget'
+        out.add('gpufleet_guard_remediation_held', 'gauge', HELD_HELP, 1,
+                {'step': entry.get('step') or '', 'gpu': '' if entry.get('gpu') is None else entry['gpu'], 'reason': reason})
+
+
 def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=None, policy_valid=True,
                   enabled=True, host=None, reboot_flagged=(), untrusted=False, rogue_findings=None):
     """The Metrics of one tick: GPU and per-user memory, health, current violations, counters, tick info.
@@ -169,6 +187,7 @@ def guard_metrics(snapshot=None, violations=(), counters=None, tick=None, mode=N
                 levels[level] += 1
         for level in ROGUE_LEVELS:
             out.add('gpufleet_guard_rogue_findings', 'gauge', ROGUE_HELP, levels[level], {'level': level})
+    _budget_metrics(out, tick.get('ladder_budget'))
     hung = tick.get('driver_hung')
     out.add('gpufleet_guard_driver_hung', 'gauge', '1 when the last tick stopped a driver read that did not finish within '
             'driver_timeout', hung is not None, {'call': hung.get('call') or ''} if hung else None)

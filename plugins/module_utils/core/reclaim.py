@@ -16,7 +16,7 @@ import os
 import signal as signals
 import time
 
-from . import audit_log, fdwalk, killer, notify, watchdog
+from . import audit_log, blast, fdwalk, killer, notify, watchdog
 from .backends import VENDORS, select as select_backends, vendor_backend
 from .errors import HistoryError, InvalidArgument
 from .fdwalk import FdBudget, incomplete_text
@@ -54,7 +54,7 @@ class ReclaimOptions(object):
     def __init__(self, signal='TERM', timeout=10.0, force=False, tree=True, release_timeout=15.0,
                  protect_names=killer.DEFAULT_PROTECT_NAMES, protect_users=(), vendor='auto',
                  audit_path=None, history_path=None, kill_timeout=5.0, audit_field='audit_log',
-                 history_field='utilization_history', redact_patterns=None, driver_timeout=None):
+                 history_field='utilization_history', redact_patterns=None, driver_timeout=None, max_kills=None):
         if signal not in SIGNALS:
             raise InvalidArgument('signal', signal, 'expected one of %s' % ', '.join(SIGNALS))
         self.signal = signal
@@ -72,6 +72,10 @@ class ReclaimOptions(object):
         self.driver_timeout = watchdog.check_timeout('driver_timeout', driver_timeout)
         # the command lines in the result and the audit records (notify.redact_argv): the policy's, or the defaults
         self.redact_patterns = notify.default_patterns() if redact_patterns is None else list(redact_patterns)
+        # at most this many processes signalled (the blast-radius limit's share of this node: core/blast.py)
+        if max_kills is not None and (isinstance(max_kills, bool) or not isinstance(max_kills, int) or max_kills < 0):
+            raise InvalidArgument('max_kills', max_kills, 'expected a whole number of processes, 0 or more')
+        self.max_kills = max_kills
 
     def summary(self):
         return {'signal': self.signal, 'timeout': self.timeout, 'force': self.force, 'tree': self.tree,
@@ -492,6 +496,7 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     protection = killer.Protection(protect_names=options.protect_names, protect_users=options.protect_users)
     decided = plan(snapshot, selector, options, protection, idle_since=idle_since, now=now, dev_roots=dev_roots)
     victims = decided.victims
+    _hold_past(victims, options.max_kills)
     would_signal = len(decided.would_signal)
     head = {'event': SIGNALLED_EVENT, 'actor': audit_log.actor(), 'selectors': selector_summary(selector),
             'options': options.summary()} if options.audit_path else None
@@ -523,7 +528,8 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
     killed = [v.as_result() for v in victims if v.outcome == 'killed']
     failed = [v.as_result() for v in victims if v.outcome == 'failed']
     skipped = decided.skipped + [v.as_result() for v in victims if v.outcome == 'skipped']
-    for entry in killed + failed + skipped:  # the result goes to the audit log and to the caller's output
+    held = [v.as_result() for v in victims if v.outcome == 'held']
+    for entry in killed + failed + skipped + held:  # the result goes to the audit log and to the caller's output
         entry['cmdline'] = notify.redact_argv(entry.get('cmdline'), options.redact_patterns)
     signalled = not check_mode and any(v.signals for v in victims)
     freed = dict((str(index), entry['freed_mib']) for index, entry in sorted(release.items()))
@@ -532,6 +538,7 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
         'killed': killed,
         'skipped': skipped,
         'failed': failed,
+        'held': held,
         'freed_mib': freed,
         'release': dict((str(index), {'released': entry['released'], 'freed_mib': entry['freed_mib'],
                                       'seconds': entry['seconds'], 'unreleased_mib': entry['unreleased_mib']})
@@ -544,6 +551,8 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
         'warnings': warnings + list(snapshot.errors) + [entry['reason'] for entry in decided.unmatched if entry['warn']],
     }
     result['msg'] = _message(check_mode, killed, skipped, failed, freed, unreleased, decided.unmatched)
+    if held:
+        result['msg'] += '; %d held by max_kills=%d (the blast-radius limit)' % (len(held), options.max_kills)
     if options.audit_path and signalled:
         try:
             audit_log.append(options.audit_path, dict(head, event=EVENT, killed=killed, failed=failed, skipped=skipped,
@@ -551,6 +560,20 @@ def reclaim(selector, options, check_mode=False, snapshot=None, now=None, dev_ro
         except audit_log.AuditLogError as exc:
             result['warnings'].append(str(exc))
     return result
+
+
+def _hold_past(victims, max_kills):
+    """Past ``max_kills`` processes to signal, the rest are held (outcome ``held``; terminate leaves them alone): whole
+    families in the one kill order (core/blast.kill_families), the fleet limit's own order."""
+    if max_kills is None:
+        return
+    pending = dict((v.pid, v) for v in victims if v.outcome is None)
+    entries = [{'pid': v.pid, 'used_mib': v.record.get('used_mib'), 'parent_pid': v.parent} for v in pending.values()]
+    _taken, held = blast.take_families(blast.kill_families(entries), max_kills)
+    for entry in held:
+        victim = pending[entry['pid']]
+        victim.outcome = 'held'
+        victim.reason = '%s (max_kills=%d on this node in this run)' % (blast.HELD, max_kills)
 
 
 def _message(check_mode, killed, skipped, failed, freed, unreleased=(), unmatched=()):

@@ -47,7 +47,8 @@ import os
 import socket
 import time
 
-from . import audit_log, safe_files
+from . import audit_log, disruption, safe_files
+from .budget import EXHAUSTED, PARTITION_LIMIT, Budget, disruptive_actions
 from .constants import DEFAULT_PROTECT_NAMES, REBOOT_FLAG_PATH, REMEDIATION_STATE_PATH
 from .errors import InvalidArgument
 from .processes import scheduler_daemon
@@ -60,8 +61,7 @@ from .xid import DEFAULT_WINDOW_S, read_boot_id as boot_id
 STEPS = ('kill_application', 'reset', 'drain', 'reboot_flag', 'undrain')
 DEFAULT_REBOOT_FLAG = REBOOT_FLAG_PATH
 DEFAULT_STATE_PATH = REMEDIATION_STATE_PATH
-FLAG_LIMIT = 256 * 1024
-STATE_LIMIT = 4 * 1024 * 1024
+STATE_LIMIT = disruption.STATE_LIMIT
 MAX_HANDLED = 2000
 REASON_LEN = 200
 # recovery action -> steps; drain_and_reset is a reset with the GPU in the NVML drain state (gpu_reset drain)
@@ -107,7 +107,7 @@ class RemediateOptions(object):
     def __init__(self, gpus=None, kill_application_xids=True, reset=True, kill_processes=False, kill_timeout=10.0,
                  protect_names=DEFAULT_PROTECT_NAMES, protect_users=(), stop_services=(), orphan_threshold_mib=1024,
                  verify_timeout=60.0, drain=True, drain_command=None, node_name=None, reboot_flag=DEFAULT_REBOOT_FLAG,
-                 state_path=DEFAULT_STATE_PATH, audit_path=None, vendor='auto'):
+                 state_path=DEFAULT_STATE_PATH, audit_path=None, vendor='auto', budget=None):
         self.gpus = [str(g) for g in gpus] if gpus else None
         self.kill_application_xids = bool(kill_application_xids)
         self.reset = bool(reset)
@@ -133,6 +133,7 @@ class RemediateOptions(object):
         self.state_path = _abs('state_path', state_path)
         self.audit_path = _abs('audit_log', audit_path)
         self.vendor = vendor
+        self.budget = budget if budget is not None else Budget()   # the node-local budget (core/budget.py)
         # the reset's own validation (stop_services names, auto)
         self.reset_options = ResetOptions(gpus=['0'], kill_processes=kill_processes, kill_timeout=kill_timeout,
                                           protect_names=protect_names, protect_users=protect_users,
@@ -149,32 +150,20 @@ class RemediateOptions(object):
 
 
 # ---------------------------------------------------------------------------- remembered state
-def _read_json(path, limit):
-    """The JSON object in root's file ``path`` (checked, no link followed), {} when missing; (data, problem)."""
-    if not path:
-        return {}, None
-    try:
-        data = json.loads(safe_files.read_file(path, limit).decode('utf-8'))
-    except FileNotFoundError:
-        return {}, None
-    except (OSError, ValueError) as exc:
-        return {}, 'cannot read %s: %s' % (path, getattr(exc, 'why', None) or getattr(exc, 'strerror', None) or exc)
-    return (data, None) if isinstance(data, dict) else ({}, '%s does not hold a JSON object' % path)
-
-
 def load_ladder_state(options):
-    state, problem = _read_json(options.state_path, STATE_LIMIT)
+    state, problem = disruption.read_json(options.state_path, STATE_LIMIT)
     handled = state.get('handled') if isinstance(state.get('handled'), dict) else {}
     drained = state.get('drained') if isinstance(state.get('drained'), dict) else None
     reset_at = state.get('reset_at') if isinstance(state.get('reset_at'), dict) else {}
     reset_at = dict((key, value) for key, value in reset_at.items()
                     if isinstance(value, (int, float)) and not isinstance(value, bool))
-    return {'handled': handled, 'drained': drained, 'reset_at': reset_at}, problem
+    return {'handled': handled, 'drained': drained, 'reset_at': reset_at,
+            'disruptions': disruption.valid_entries(state.get('disruptions'))}, problem
 
 
 def flagged_gpus(path):
     """The GPUs (their keys) that the reboot flag ``path`` of this boot names: they wait for a reboot."""
-    flag, stale = load_reboot_flag(path, boot_id())
+    flag, stale = disruption.load_reboot_flag(path, boot_id())
     return sorted((flag or {}).get('gpus') or {}) if flag and not stale else []
 
 
@@ -190,14 +179,6 @@ def health_since(ladder_state, now=None):
         when = reset_at.get(dev.key)
         return max(window, when) if when is not None else None
     return since
-
-
-def load_reboot_flag(path, current_boot):
-    """(the flag's data or None, stale: True when it was written before the last boot)."""
-    flag, _problem = _read_json(path, FLAG_LIMIT)
-    if not flag:
-        return None, False
-    return flag, bool(current_boot) and flag.get('boot_id') != current_boot
 
 
 # ---------------------------------------------------------------------------- the planner
@@ -354,11 +335,19 @@ def plan_remediation(snapshot, options, ladder_state=None, reboot_flag=None, boo
 class Node(object):
     """Node-wide steps: the scheduler drain and the reboot flag."""
 
-    def __init__(self, options, host, scheduler):
+    def __init__(self, options, host, scheduler, slurm_client=None):
         self.options = options
         self.host = host
         self.scheduler = scheduler
         self.name = options.node_name or socket.gethostname().split('.')[0]
+        self.slurm_client = slurm_client
+
+    def slurm(self):
+        """The Slurm client of the partition check (core/slurm.py: root-vouched commands, a deadline each)."""
+        if self.slurm_client is None:
+            from .slurm import SlurmClient  # pylint: disable=import-outside-toplevel  # only where Slurm drains
+            self.slurm_client = SlurmClient()
+        return self.slurm_client
 
     def drain_argv(self, verb, reason):
         """The command that drains (``drain``) or returns (``resume``) the node, or (None, why not)."""
@@ -478,6 +467,21 @@ def _reset(step, dev, options, host, check_mode):
     return changed, None
 
 
+def _run_reset(step, ladder, options, host, run):
+    """The reset step of ``ladder`` (escalating a refused or failed one); records a verified reset.  Returns changed."""
+    changed, escalate = _reset(step, ladder.dev, options, host, run.check_mode)
+    if step.status == 'done':
+        ladder.reset_at = step.result.get('reset_at')
+        run.record('reset', ladder.dev.key, step.why)
+        for unit in (step.result.get('services') or {}).get('stopped') or ():
+            run.record('stop_service', ladder.dev.key, str(unit))
+    if step.status not in ('done', 'would_run'):
+        if escalate is not None:
+            ladder.add(Step('reboot_flag', escalate, {'source': 'reset', 'error': step.detail}))
+        ladder.add(Step('drain', 'the reset did not recover the GPU', {'source': 'reset', 'error': step.detail}))
+    return changed
+
+
 class Run(object):
     """One pass of the ladder over the node: what changed, what was logged."""
 
@@ -489,6 +493,14 @@ class Run(object):
         self.warnings = []
         self.errors = []
         self.snapshot = None        # the snapshot the ladder was planned from
+        self.state = None           # the ladder's state (its disruption history: the budget's counts)
+        self.now = None
+        self.exhausted = []         # the steps the budget held: {'step', 'gpu', 'why'}
+
+    def record(self, action, gpu=None, detail=None):
+        """A disruptive action taken (core/disruption.py): the budget's next counts, and the fleet limit's."""
+        if not self.check_mode:
+            self.state['disruptions'].append(disruption.entry(action, self.now, gpu=gpu, by='remediate', detail=detail))
 
     def audit(self, record):
         if self.check_mode or not self.options.audit_path:
@@ -515,13 +527,14 @@ def _remove(path):
         os.close(dir_fd)
 
 
-def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=None, now=None):
+def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=None, now=None, slurm_client=None):
     """Run the ladder once and return the result (gpu_remediate's return values).
 
     ``snapshot``: the guard's tick (taken with ``xid_since=health_since(...)`` of this ladder's state);
     else the ladder reads the GPUs itself, through ``host`` (its ``driver_timeout``: a hung driver raises
     watchdog.DriverHung before anything is done).  ``scheduler`` ('slurmd', 'kubelet' or None; default
-    read from /proc) and ``now`` are seams.  Nothing is changed in ``check_mode``.
+    read from /proc), ``now`` and ``slurm_client`` (the partition check's core.slurm.SlurmClient) are seams.  Nothing
+    is changed in ``check_mode``.  The budget (``options.budget``, core/budget.py) holds the steps past it.
     """
     now = time.time() if now is None else now
     host = host or Host()
@@ -533,9 +546,9 @@ def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=Non
     if snapshot is None:
         snapshot = host.snapshot(vendor=options.vendor, gather_processes=True, xid_since=health_since(state, now))
     run.warnings.extend(snapshot.errors)
-    run.snapshot = snapshot
+    run.snapshot, run.state, run.now = snapshot, state, now
     current_boot = boot_id()
-    flag, stale = load_reboot_flag(options.reboot_flag, current_boot)
+    flag, stale = disruption.load_reboot_flag(options.reboot_flag, current_boot)
     flag_removed = False
     if stale:
         if not check_mode:
@@ -545,22 +558,22 @@ def remediate(options, host=None, check_mode=False, snapshot=None, scheduler=Non
         flag_removed = True
         flag = None
     ladders = plan_remediation(snapshot, options, state, flag, current_boot)
-    node = Node(options, host, scheduler_daemon() if scheduler is None else scheduler)
+    node = Node(options, host, scheduler_daemon() if scheduler is None else scheduler, slurm_client)
     reboot_wanted = dict((flag or {}).get('gpus') or {})
     drain_reasons = []
     for ladder in ladders:
         _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons)
-        if not check_mode:
-            for key in ladder.handled:
-                state['handled'][key] = now
-            if ladder.reset_at is not None:
-                state['reset_at'][ladder.dev.key] = ladder.reset_at
     node_steps = _node_steps(run, node, options, state, flag, reboot_wanted, drain_reasons, ladders, current_boot, now)
     for ladder in ladders:  # the GPU's node-wide steps carry the node's outcome
         for step in ladder.steps:
             outcome = node_steps.get('drain' if step.name == 'drain' else 'reboot_flag') if step.status == 'node' else None
             if outcome:
                 step.status, step.detail = 'node_%s' % outcome['status'], outcome.get('detail') or outcome.get('reason')
+        if not check_mode and not any(s.status.replace('node_', '', 1) in (EXHAUSTED, PARTITION_LIMIT) for s in ladder.steps):
+            for key in ladder.handled:   # a step the budget held leaves its events unhandled: it comes back
+                state['handled'][key] = now
+        if not check_mode and ladder.reset_at is not None:
+            state['reset_at'][ladder.dev.key] = ladder.reset_at
     if not check_mode and options.state_path:
         _save_state(options, state, run)
     return _result(run, ladders, node_steps, reboot_wanted, state, flag_removed)
@@ -574,14 +587,12 @@ def _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons):
         if step.name == 'kill_application':
             run.changed |= _kill(step, dev, options, host, run.check_mode, run.snapshot)
         elif step.name == 'reset':
-            changed, escalate = _reset(step, dev, options, host, run.check_mode)
-            run.changed |= changed
-            if step.status == 'done':
-                ladder.reset_at = step.result.get('reset_at')
-            if step.status not in ('done', 'would_run'):
-                if escalate is not None:
-                    ladder.add(Step('reboot_flag', escalate, {'source': 'reset', 'error': step.detail}))
-                ladder.add(Step('drain', 'the reset did not recover the GPU', {'source': 'reset', 'error': step.detail}))
+            why = options.budget.reset_refusal(run.state['disruptions'], dev.key, run.now)
+            if why is not None:   # past the budget: not reset, no escalation; a human decides
+                step.status, step.detail = EXHAUSTED, why
+                run.exhausted.append({'step': 'reset', 'gpu': dev.index, 'why': why})
+            else:
+                run.changed |= _run_reset(step, ladder, options, host, run)
         if step.name in ('kill_application', 'reset'):
             run.audit({'step': step.name, 'status': step.status, 'why': step.why, 'detail': step.detail,
                        'evidence': step.evidence, 'gpu': {'index': dev.index, 'uuid': dev.uuid, 'pci_bus_id': dev.pci_bus_id},
@@ -605,10 +616,32 @@ def _run_gpu(ladder, options, host, run, reboot_wanted, drain_reasons):
         ladder.status = 'would_remediate' if run.check_mode else 'remediated'
 
 
+def _drain_budget(node, options, state, drain_reasons, now):
+    """(argv, via, reason, held) of the node's drain: held is (status, why) when the budget holds it, else None."""
+    if not (drain_reasons and options.drain) or state.get('drained'):
+        return None, None, None, None
+    reason = _reason(sorted(set(drain_reasons)))
+    argv, via = node.drain_argv('drain', reason)
+    why = options.budget.node_refusal(state['disruptions'], 'drain', now)
+    if why is not None:
+        return argv, via, reason, (EXHAUSTED, why)
+    partition = options.budget.partition_refusal(node.name, node.slurm()) if via == 'slurm' else None
+    return argv, via, reason, (PARTITION_LIMIT, partition) if partition else None
+
+
 def _node_steps(run, node, options, state, flag, reboot_wanted, drain_reasons, ladders, current_boot, now):
     out = {'scheduler': node.scheduler, 'node_name': node.name, 'drain': None, 'undrain': None, 'reboot_flag': None}
     flag_gpus = dict((flag or {}).get('gpus') or {})
-    if options.reboot_flag and reboot_wanted and reboot_wanted != flag_gpus:
+    argv, via, reason, drain_held = _drain_budget(node, options, state, drain_reasons, now)
+    # a new flag (none of this boot yet) is within the budget, one per node per window (adding a GPU to it is not), and
+    # goes with its drain: a flag without the drain would leave the GPU waiting for a reboot and the drain never retried
+    held = None
+    if reboot_wanted and not flag_gpus:
+        why = options.budget.node_refusal(state['disruptions'], 'reboot_flag', now)
+        held = (EXHAUSTED, why) if why else drain_held
+    if options.reboot_flag and held is not None:
+        out['reboot_flag'] = _held(run, 'reboot_flag', held[0], held[1], path=options.reboot_flag, gpus=reboot_wanted)
+    elif options.reboot_flag and reboot_wanted and reboot_wanted != flag_gpus:
         new_flag = {'boot_id': current_boot, 'time': audit_log.now_iso(), 'gpus': reboot_wanted,
                     'reasons': sorted(set(reboot_wanted.values()))}
         step = {'path': options.reboot_flag, 'gpus': reboot_wanted, 'status': 'would_write' if run.check_mode else 'written'}
@@ -616,6 +649,8 @@ def _node_steps(run, node, options, state, flag, reboot_wanted, drain_reasons, l
             try:
                 _write_flag(options, new_flag)
                 run.changed = True
+                if not flag_gpus:
+                    run.record('reboot_flag', detail='; '.join(new_flag['reasons']))
             except OSError as exc:
                 step['status'], step['error'] = 'failed', 'cannot write %s: %s' % (options.reboot_flag, exc)
                 run.errors.append(step['error'])
@@ -625,21 +660,29 @@ def _node_steps(run, node, options, state, flag, reboot_wanted, drain_reasons, l
         out['reboot_flag'] = {'path': options.reboot_flag, 'gpus': reboot_wanted,
                               'status': 'present' if options.reboot_flag else 'off (reboot_flag is empty)'}
     drained = state.get('drained')
-    if drain_reasons and options.drain:
-        reason = _reason(sorted(set(drain_reasons)))
-        if drained:
-            out['drain'] = {'status': 'already', 'reason': drained.get('reason'), 'via': drained.get('via')}
-        else:
-            argv, via = node.drain_argv('drain', reason)
-            out['drain'] = _node_command(run, argv, via, reason, 'drain')
-            if out['drain']['status'] == 'done':
-                state['drained'] = {'reason': reason, 'via': via, 'time': now}
+    if drain_reasons and options.drain and drained:
+        out['drain'] = {'status': 'already', 'reason': drained.get('reason'), 'via': drained.get('via')}
+    elif drain_held is not None:
+        out['drain'] = _held(run, 'drain', drain_held[0], drain_held[1], reason=reason, via=via)
+    elif reason is not None:
+        out['drain'] = _node_command(run, argv, via, reason, 'drain')
+        if out['drain']['status'] == 'done':
+            state['drained'] = {'reason': reason, 'via': via, 'time': now}
+            run.record('drain', detail=reason)
     elif drained and not reboot_wanted and all(_clean(ladder) for ladder in ladders):
         argv, via = node.drain_argv('resume', drained.get('reason') or 'gpufleet: health reads clean')
         out['undrain'] = _node_command(run, argv, via, 'health reads clean on every GPU', 'undrain')
         if out['undrain']['status'] == 'done':
             state['drained'] = None
     return out
+
+
+def _held(run, name, status, why, **fields):
+    """The node step ``name`` the budget holds (status budget_exhausted or partition_limit), recorded and audited."""
+    run.exhausted.append({'step': name, 'gpu': None, 'why': why})
+    step = dict(fields, status=status, detail=why)
+    run.audit(dict(step, step=name))
+    return step
 
 
 def _clean(ladder):
@@ -671,7 +714,9 @@ def _save_state(options, state, run):
     window = time.time() - DEFAULT_WINDOW_S   # an older reset time changes no health (health_since)
     state['reset_at'] = dict((key, when) for key, when in state['reset_at'].items() if when > window)
     try:
-        safe_files.write_atomic(options.state_path, json.dumps(state, sort_keys=True) + '\n', mode=0o600)
+        with disruption.locked(options.state_path):   # gpu_reset may have recorded a reset meanwhile: kept
+            state['disruptions'] = disruption.merged(options.state_path, state['disruptions'], time.time())
+            safe_files.write_atomic(options.state_path, json.dumps(state, sort_keys=True) + '\n', mode=0o600)
     except OSError as exc:
         run.errors.append('cannot save the ladder state %s: %s' % (options.state_path, exc))
 
@@ -685,9 +730,13 @@ def _result(run, ladders, node_steps, reboot_wanted, state, flag_removed):
         msg = 'no GPU needs remediation'
     if reboot_wanted:
         msg += '; reboot wanted (%s)' % ', '.join(sorted(reboot_wanted))
+    if run.exhausted:
+        msg += '; held by the ladder\'s budget: %s' % ' | '.join(e['why'] for e in run.exhausted)
     if run.errors:
         msg += '; errors: %s' % ' | '.join(run.errors)
     return {'changed': run.changed, 'gpus': gpus, 'node': node_steps, 'reboot_wanted': bool(reboot_wanted),
             'reboot_reasons': sorted(set(reboot_wanted.values())), 'drained': bool(state.get('drained')),
             'stale_reboot_flag_removed': flag_removed, 'errors': list(run.errors), 'msg': printable(msg),
-            'warnings': list(run.warnings)}
+            'warnings': list(run.warnings), 'disruptive': disruptive_actions(gpus),
+            'remediation_budget_exhausted': bool(run.exhausted),
+            'budget': dict(run.options.budget.to_dict(), exhausted=list(run.exhausted))}

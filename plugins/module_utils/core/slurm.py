@@ -181,6 +181,40 @@ def node_name(environ=None):
     return name
 
 
+class SlurmNode(object):
+    """One node as ``sinfo --json`` tells it: ``name``, ``partitions`` (names), ``drained`` (the DRAIN flag is set),
+    ``reason`` (the drain reason, '' when none) and ``reason_time`` (epoch seconds or None)."""
+
+    __slots__ = ('name', 'partitions', 'drained', 'reason', 'reason_time')
+
+    def __init__(self, name, partitions=(), drained=False, reason='', reason_time=None):
+        self.name = name
+        self.partitions = tuple(partitions)
+        self.drained = drained
+        self.reason = reason
+        self.reason_time = reason_time
+
+
+def nodes_from_json(data):
+    """[SlurmNode] of the ``sinfo --json`` answer ``data`` (Slurm 22.05: ``state`` text and ``state_flags``; 23.02 and
+    later: ``state`` a list of words); SlurmError when it has no node list."""
+    nodes = data.get('nodes') if isinstance(data, dict) else None
+    if not isinstance(nodes, list):
+        raise SlurmError('sinfo --json answered without a node list')
+    out = []
+    for raw in nodes:
+        if not isinstance(raw, dict) or not isinstance(raw.get('name'), str):
+            continue
+        words = raw.get('state') if isinstance(raw.get('state'), list) else [raw.get('state')]
+        words = words + (raw.get('state_flags') if isinstance(raw.get('state_flags'), list) else [])
+        flags = set(str(w).upper() for w in words if isinstance(w, str))
+        parts = [p for p in raw.get('partitions') or () if isinstance(p, str)] if isinstance(raw.get('partitions'), list) else []
+        reason = raw.get('reason') if isinstance(raw.get('reason'), str) else ''
+        out.append(SlurmNode(raw['name'], parts, drained=bool(flags & {'DRAIN', 'DRAINED', 'DRAINING'}), reason=reason,
+                             reason_time=_epoch(raw.get('reason_changed_at'))))
+    return out
+
+
 class SlurmClient(object):
     """Asks Slurm through its commands, each with a deadline; answers are cached for the life of the client (one
     tick, one prolog or epilog).  ``env``: the environment of the commands (default: this process's, which carries
@@ -245,6 +279,16 @@ class SlurmClient(object):
                     return {}
                 raise
         return self._cached(('listpids',), compute)
+
+    def nodes(self):
+        """[SlurmNode] of every node slurmctld knows (``sinfo --json``): partitions, drain flag and reason."""
+        def compute():
+            try:
+                data = json.loads(self.run(['sinfo', '--json']))
+            except ValueError as exc:
+                raise SlurmError('sinfo --json answered no JSON (%s); Slurm 21.08 or later with its openapi plugin is needed' % exc)
+            return nodes_from_json(data)
+        return self._cached(('nodes',), compute)
 
     def drain(self, node, reason):
         """``scontrol update nodename=NODE state=drain reason=REASON`` (argv, no shell)."""

@@ -101,6 +101,27 @@ def health_and_rogue(root, start=None):
     return run(Node(root, policy=policy, snap=snap, context=P.Context(groups={}, rogue_findings={7: finding})), 3, start=start)
 
 
+def budget_exhausted(root):
+    """The remediation ladder on (dry-run: it predicts): GPU 2 logged an Xid 48 and was reset twice in the last hour
+    already (the ladder's disruption history), so its budget (2 per 24 h) holds the reset every tick."""
+    import json  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+    snap = snapshot([proc(1, 'alice', {0: GIB})])
+    dev = snap.devices[2]
+    dev.pci_bus_id = BUS[2]
+    dev.add_xid_event(xid.make_event(48, 'kmsg', time_s=MONDAY_NOON - 30, pci_bus_id=BUS[2]))
+    policy = ('mode: dry-run\nnotify: {tty: false}\nremediation: {enabled: true, drain_command: [/bin/true], reboot_flag: %s}\n'
+              % os.path.join(str(root), 'lib', 'reboot-wanted'))
+    node = Node(root, policy=policy, snap=snap)
+    os.makedirs(os.path.dirname(node.paths.state), exist_ok=True)
+    with open(os.path.join(os.path.dirname(node.paths.state), 'remediation.json'), 'w') as handle:
+        # the ladder's clock is the real one (the tick passes it none): its history is written in real time
+        json.dump({'disruptions': [{'action': 'reset', 'gpu': dev.key, 'time': time.time() - ago, 'by': 'remediate'}
+                                   for ago in (1800, 600)]}, handle)
+    return run(node, 4)
+
+
 def driver_hung(root):
     node = Node(root, policy=CALM)
     texts = run(node, 2)

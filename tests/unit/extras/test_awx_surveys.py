@@ -125,8 +125,9 @@ def test_confirmations_default_to_false_and_are_read_as_booleans(name):
     for question in survey(name)['spec']:
         variable = question['variable']
         if question['type'] == 'multiplechoice' and set(question['choices']) == {'true', 'false'}:
-            # every use goes through | bool, so the survey's string "false" is false
-            uses = re.findall(r'\b%s\b(?!=)[^}\n]*' % re.escape(variable), text)
+            # every use goes through | bool, so the survey's string "false" is false (a module option of the same
+            # name, `kill_application_xids: "{{ ... }}"`, is no use of the variable)
+            uses = re.findall(r'\b%s\b(?![=:])[^}\n]*' % re.escape(variable), text)
             assert uses, variable
             for use in uses:
                 assert re.match(r'%s\s*\|\s*default\([^)]*\)\s*\|\s*bool' % re.escape(variable), use), \

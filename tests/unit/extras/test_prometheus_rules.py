@@ -105,6 +105,11 @@ def cases(tmp_path):
         'GpuXidApplicationError': labels_of(texts, 'gpufleet_gpu_xid_errors', fault='application'),
         'GpuXidFault': labels_of(texts, 'gpufleet_gpu_xid_errors', gpu=1, code=79, fault='gpu')
         + labels_of(texts, 'gpufleet_gpu_xid_errors', gpu=2, code=48, fault='gpu')}))
+    texts = gs.budget_exhausted(root('budget'))
+    assert gs.samples(texts[-1])[('gpufleet_guard_remediation_held', (('gpu', '2'), ('reason', 'budget'), ('step', 'reset')))] == 1
+    # at 3 minutes (the second tick that held the reset, + 1m): the Xid 48 is a GPU fault; GpuDegraded waits 5m
+    out.append(('budget-exhausted', gs.input_series(texts, SCRAPE), 3 * 60, {
+        'GpuRemediationBudgetExhausted': [SCRAPE], 'GpuXidFault': labels_of(texts, 'gpufleet_gpu_xid_errors', gpu=2)}))
     texts = gs.driver_hung(root('hung'))
     out.append(('driver-hung', gs.input_series(texts, SCRAPE), 5 * 60,
                 {'GpuDriverHung': labels_of(texts, 'gpufleet_guard_driver_hung', call='nvmlDeviceGetUUID')}))

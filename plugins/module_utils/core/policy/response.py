@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 
 from .. import chat, notify as notify_mod
-from ..constants import REBOOT_FLAG_PATH, ROGUE_LEVELS
+from ..constants import DISRUPTION_KEEP_S, REBOOT_FLAG_PATH, ROGUE_LEVELS
 from .validation import _join, _only
 from .values import (
-    ACTION_TERMINATE, ACTION_WARN, _NAME, _abs_path, _action, _bool, _command, _count, _dict, _duration, _list, _regex, _section)
+    ACTION_TERMINATE, ACTION_WARN, _NAME, _abs_path, _action, _bool, _command, _count, _dict, _duration, _list, _pct, _regex, _section)
 
 
 # The default redaction (docs/policy.md, "Redaction") lives with the redaction itself.
@@ -167,7 +167,7 @@ class RemediationPolicy(object):
 
     def __init__(self, enabled=False, kill_application_xids=True, reset=True, kill_processes=False, stop_services=(),
                  drain=True, drain_command=None, reboot_flag=REBOOT_FLAG_PATH, orphan_threshold_mib=1024,
-                 verify_timeout=60.0, node_name=None):
+                 verify_timeout=60.0, node_name=None, max_resets=2, window=86400.0, max_drained_pct=50.0):
         self.enabled = enabled
         self.kill_application_xids = kill_application_xids
         self.reset = reset
@@ -179,10 +179,14 @@ class RemediationPolicy(object):
         self.orphan_threshold_mib = orphan_threshold_mib
         self.verify_timeout = verify_timeout
         self.node_name = node_name
+        # the ladder's budget (core/budget.py): resets per GPU, one drain and one reboot flag per node, per window
+        self.max_resets = max_resets
+        self.window = window
+        self.max_drained_pct = max_drained_pct
 
 
 REMEDIATION_KEYS = ('enabled', 'kill_application_xids', 'reset', 'kill_processes', 'stop_services', 'drain', 'drain_command',
-                    'reboot_flag', 'orphan_threshold_mib', 'verify_timeout', 'node_name')
+                    'reboot_flag', 'orphan_threshold_mib', 'verify_timeout', 'node_name', 'max_resets', 'window', 'max_drained_pct')
 
 
 def _remediation(value, path):
@@ -216,8 +220,25 @@ def _remediation(value, path):
     if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
         errors.add(_join(path, 'node_name'), name, 'expected a scheduler node name')
     out.node_name = name
+    _budget(value, path, out, errors)
     errors.check()
     return out
+
+
+def _budget(value, path, out, errors):
+    """The ladder's budget keys: max_resets (0-100), window (more than 0, at most 7 days), max_drained_pct (0-100)."""
+    if 'max_resets' in value:
+        count = errors.run(_count, value['max_resets'], _join(path, 'max_resets'))
+        if count is not None and count > 100:
+            errors.add(_join(path, 'max_resets'), value['max_resets'], 'expected a whole number from 0 to 100')
+        out.max_resets = count
+    if 'window' in value:
+        window = errors.run(_duration, value['window'], _join(path, 'window'))
+        if window is not None and not 0 < window <= DISRUPTION_KEEP_S:
+            errors.add(_join(path, 'window'), value['window'], 'expected more than 0 and at most 7d (the history a node keeps)')
+        out.window = window
+    if 'max_drained_pct' in value:
+        out.max_drained_pct = errors.run(_pct, value['max_drained_pct'], _join(path, 'max_drained_pct'))
 
 
 class Notify(object):

@@ -45,7 +45,9 @@ WORKLOADS = [
     ('miner', 'node02', 1, 4096, 100, 'eve',
      ['python', 'train.py', '--url', 'stratum+tcp://pool.example.net:3333', '--user', WALLET, '-p', 'x']),
 ]
-KILL_TASK = 'Kill the rogue processes (report only unless reclaim_confirm=true)'
+# rogue_cleanup plans every node (check mode), then calls the nodes the blast-radius limit lets kill again (issue #30)
+PLAN_TASK = 'Find the rogue processes and what would be killed (check mode)'
+KILL_TASK = "Kill the rogue processes, at most this node's share of reclaim_max_kills"
 ANSI = re.compile(r'\x1b\[[0-9;]*m')
 STATUSES = ['starting', 'running', 'successful']
 
@@ -125,8 +127,10 @@ class Job(object):
         return dict((host, self.stats()['changed'].get(host, 0)) for host in NODES + ['localhost'])
 
     def kill_results(self):
-        """{host: res} of the kill task's runner_on_ok events."""
-        return dict((e['event_data']['host'], e['event_data']['res']) for e in self.of('runner_on_ok', task=KILL_TASK))
+        """{host: res} of the kill task's runner_on_ok events, else (a node the job did not call to kill) the plan's."""
+        results = dict((e['event_data']['host'], e['event_data']['res']) for e in self.of('runner_on_ok', task=PLAN_TASK))
+        results.update((e['event_data']['host'], e['event_data']['res']) for e in self.of('runner_on_ok', task=KILL_TASK))
+        return results
 
 
 class Awx(object):
@@ -291,7 +295,7 @@ def test_rogue_cleanup(awx):
     assert (summary['mode'], summary['killed'], summary['would_kill']) == ('report only', 0, 1), summary
     assert [(p['host'], p['pid'], p['action']) for p in summary['processes']] == [('node02', miner, 'would kill')], summary
     results = job.kill_results()
-    # one call per node audits and kills (issue #21): it runs on node01 too, which has nothing to kill
+    # one call per node audits and plans the kills (issues #21, #30): it runs on node01 too, which has nothing to kill
     assert sorted(results) == NODES and [p['pid'] for p in results['node02']['killed']] == [miner], results
     assert results['node01']['killed'] == [] and results['node01']['rogue_summary']['critical'] == 0, results['node01']
     assert [f['pid'] for f in results['node02']['findings'] if f['level'] == 'critical'] == [miner], results['node02']

@@ -63,7 +63,7 @@ def test_reset_unhealthy_halted_nodes_say_why():
     node05, node06 = fleet_records(['node05', 'node06'], hostvars, 'r', 'reset_unhealthy', max_fail_percentage=10)
     assert node05['status'] == 'failed' and node05['resets'] == [{'index': 3, 'status': 'refused'}]
     assert node06['status'] == 'halted'
-    assert node06['msg'] == ('not attempted: 1 of 2 node(s) failed their reset in earlier batches, more than '
+    assert node06['msg'] == ('not attempted: 1 of 2 node(s) failed their reset (in the plan or an earlier batch), more than '
                              'reset_max_fail_percentage=10%')
 
 
@@ -90,9 +90,35 @@ def test_audit_records():
                       'summary': {'critical': 1}, 'report': None}
 
 
+def test_the_act_result_comes_before_the_plan_and_the_blast_decision_marks_the_held():
+    """issue #30: the playbooks plan every node, act on some; a held node's record is its plan, with the reason."""
+    plan = {'changed': False, 'gpus': [{'index': 0, 'status': 'needs_remediation', 'ladder': [{'step': 'reset', 'status': 'would_run'}]}]}
+    done = {'changed': True, 'gpus': [{'index': 0, 'status': 'remediated', 'ladder': [{'step': 'reset', 'status': 'done'}]}]}
+    hostvars = {'a': {'plan': plan, 'act': done}, 'b': {'plan': plan}}
+    reason = 'held: blast-radius limit (1 of 2 nodes disrupted in the last 1h)'
+    a, b = fleet_records(['a', 'b'], hostvars, ['act', 'plan'], 'remediate', blast={'act': ['a'], 'held': {'b': reason}})
+    assert (a['gpus'][0]['status'], a['held']) == ('remediated', None)
+    assert (b['gpus'][0]['status'], b['held'], b['status']) == ('needs_remediation', reason, 'ok')
+    assert 'held' not in fleet_records(['a'], hostvars, 'plan', 'remediate')[0]   # without a decision: as before
+
+
+def test_kills_held_by_the_limit_are_the_held_nodes_planned_kills_and_the_acting_nodes_held_ones():
+    reason = 'held: blast-radius limit (1 of 3 processes in this run, reclaim_max_kills=1)'
+    other = dict(KILLED, pid=8)
+    node_held = dict(other, reason='held: blast-radius limit (max_kills=1 on this node in this run)')
+    hostvars = {'a': {'plan': kill_result(killed=[KILLED, other]), 'kill': kill_result(held_processes=[node_held])},
+                'b': {'plan': kill_result(changed=False)}}
+    blast = {'act': ['a'], 'kills': {'a': 1}, 'held': {'b': reason}, 'reason': reason}
+    a, b = fleet_records(['a', 'b'], hostvars, ['kill', 'plan'], 'rogue_cleanup', blast=blast)
+    assert a['killed'] == [KILLED] and a['held_processes'] == [dict(other, reason=reason)] and a['held'] is None
+    assert b['killed'] == [] and b['held_processes'] == [dict(KILLED, reason=reason)] and b['held'] == reason
+
+
 @pytest.mark.parametrize('args, text', [
     ((['a'], {}, 'r', 'nosuch'), "invalid workflow 'nosuch'"),
     ((['a'], {}, '', 'audit'), "invalid register ''"),
+    ((['a'], {}, [], 'audit'), "invalid register []"),
+    ((['a'], {}, ['x', 3], 'audit'), "invalid register ['x', 3]"),
     (('node01', {}, 'r', 'audit'), "invalid hosts 'node01'"),
     ((['a'], {'a': {'r': 'text'}}, 'r', 'audit'), "r of a is 'text', not a task result"),
 ])

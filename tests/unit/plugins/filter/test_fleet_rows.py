@@ -97,7 +97,29 @@ def test_offenders_and_totals():
                                 'host': 'node1', 'cmd': 'sleep 9'}]
     assert rows['totals'] == {'nodes': 4, 'nodes_ok': 2, 'nodes_unreachable': 1, 'nodes_failed': 1, 'gpus': 3,
                               'memory_total_mib': 240 * GIB, 'memory_used_mib': 30 * GIB, 'orphaned_mib': 4 * GIB, 'idle_mib': 6 * GIB,
-                              'processes': 4, 'users': 3, 'unhealthy_gpus': 1, 'idle_holders': 2, 'orphan_holders': 1}
+                              'processes': 4, 'users': 3, 'unhealthy_gpus': 1, 'idle_holders': 2, 'orphan_holders': 1,
+                              'disrupted_nodes': 0}
+
+
+def test_the_nodes_gpufleet_disrupted_lately_are_listed_with_why_and_escaped_on_the_page():
+    """issue #30: the report shows the nodes that count against the blast-radius limit, from each node's disruption."""
+    recs = records()
+    recs[0]['gpu'] = dict(recs[0]['gpu'], disruption={
+        'drained': {'reason': 'gpufleet: GPU 1 <b>x</b>\x1b[2J', 'via': 'slurm', 'ago_s': 9000.0}, 'reboot_flag': None,
+        'scheduler': None, 'actions': [{'action': 'reset', 'gpu': 'GPU-1', 'time': 1.0, 'ago_s': 600.0, 'by': 'remediate'}]})
+    recs[1]['gpu'] = dict(recs[1]['gpu'], disruption={'drained': None, 'reboot_flag': None, 'scheduler': None, 'actions': [
+        {'action': 'reset', 'gpu': 'GPU-2', 'time': 1.0, 'ago_s': 4000.0, 'by': 'gpu_reset'}]})
+    rows = fleet_rows(recs)
+    why = ['drained by the ladder (gpufleet: GPU 1 <b>x</b>\x1b[2J)', 'reset of GPU GPU-1 10m00s ago']
+    assert rows['disrupted'] == [{'host': 'node1', 'why': why}]
+    assert rows['totals']['disrupted_nodes'] == 1
+    assert [d['host'] for d in fleet_rows(recs, disruption_window='2h')['disrupted']] == ['node1', 'node2']
+    html = _report_env().get_template('report.html.j2').render(**_report(rows))
+    assert 'Nodes disrupted by gpufleet' in html and 'gpufleet: GPU 1 &lt;b&gt;x&lt;/b&gt;\\x1b[2J' in html
+    assert not unsafe_in(html, allow='\n')
+    with pytest.raises(AnsibleFilterError) as exc:
+        fleet_rows(recs, disruption_window='soon')
+    assert 'disruption_window' in str(exc.value)
 
 
 def test_unreachable_nodes_only_count_and_an_empty_fleet_is_zero():
@@ -146,6 +168,7 @@ def _report(rows):
     return dict(gpufleet_gpus=rows['gpus'], gpufleet_procs=rows['procs'], gpufleet_holders=rows['holders'], gpufleet_nodes=rows['nodes'],
                 gpufleet_users=rows['users'], gpufleet_idle=rows['idle'], gpufleet_orphaned=rows['orphaned'],
                 gpufleet_unhealthy=rows['unhealthy'], gpufleet_totals=rows['totals'], gpufleet_pages=rows['pages'],
+                gpufleet_disrupted=rows['disrupted'], gpufleet_window='1h',
                 gpufleet_generated='2026-01-01T00:00:00Z', gpufleet_top=10, gpufleet_idle_util_pct=5, gpufleet_idle_min_mib=1024,
                 gpufleet_page_nodes=100, gpufleet_index_rows=100)
 

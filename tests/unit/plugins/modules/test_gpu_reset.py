@@ -15,7 +15,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import processes, reset, safe_files
+from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import disruption, processes, reset, safe_files
 from ansible_collections.gpufleet.reclaim.plugins.module_utils import gpu_module
 from ansible_collections.gpufleet.reclaim.plugins.modules import gpu_reset
 from ansible_collections.gpufleet.reclaim.tests.unit.plugins.modules.module_docs import documented_options
@@ -42,9 +42,21 @@ def fake_tools_only(monkeypatch):
     return dirs
 
 
+STATE = {}
+
+
+@pytest.fixture(autouse=True)
+def state_path(tmp_path, monkeypatch):
+    """The ladder's state file the module records its resets in: the test's own, never the host's /var/lib/gpufleet;
+    and no slurmd here (one this machine runs for another test's fleet is not the test's, its Slurm not asked)."""
+    monkeypatch.setattr(disruption, 'scheduler_daemon', lambda: None)
+    STATE['path'] = str(tmp_path / 'lib' / 'remediation.json')
+    return STATE['path']
+
+
 def run_module(args, check_mode=False):
     """main() with ``args``; returns the result dict (``failed`` set when it failed)."""
-    return h.run_main(gpu_reset.main, args, check_mode=check_mode)
+    return h.run_main(gpu_reset.main, dict({'state_path': STATE['path']}, **args), check_mode=check_mode)
 
 
 @pytest.fixture
@@ -100,6 +112,23 @@ def test_when_needed_resets_the_leak_then_reports_no_change(sim):
     second = run_module({'when_needed': True, 'audit_log': sim.audit})
     assert second['changed'] is False and second['resets'] == [] and not second.get('failed')
     assert gpu_state(sim, 2)['reset_count'] == 1 and gpu_state(sim, 2)['persistence'] is True
+
+
+@needs_root
+def test_a_reset_is_recorded_for_the_budget_and_the_fleet_limit(sim, state_path):
+    """issue #30: the reset goes into the ladder's disruption history; check mode predicts it and records nothing."""
+    sim.gpusim('leak', '--gpu', '1', '--mib', '4096')
+    plan = run_module({'when_needed': True, 'audit_log': sim.audit}, check_mode=True)
+    assert [(d['action'], d['gpu']) for d in plan['disruptive']] == [('reset', 1)] and not os.path.exists(state_path)
+    assert plan['disruption'] == {'drained': None, 'reboot_flag': None, 'scheduler': None, 'actions': [], 'errors': []}
+    done = run_module({'when_needed': True, 'audit_log': sim.audit})
+    assert [(d['action'], d['gpu']) for d in done['disruptive']] == [('reset', 1)]
+    with open(state_path) as handle:
+        history = json.load(handle)['disruptions']
+    assert [(e['action'], e['gpu'], e['by'], e['detail']) for e in history] == [('reset', done['resets'][0]['uuid'], 'gpu_reset', 'reset')]
+    assert [(a['action'], a['by']) for a in done['disruption']['actions']] == [('reset', 'gpu_reset')]
+    assert 0 <= done['disruption']['actions'][0]['ago_s'] < 60
+    assert run_module({'when_needed': True, 'audit_log': sim.audit})['disruptive'] == []
 
 
 @needs_root

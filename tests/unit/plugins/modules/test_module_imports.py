@@ -28,9 +28,11 @@ SNAPSHOT = {'gpu_module', 'node_python', 'core', 'core.backends', 'core.backends
 ROGUE = {'core.rogue', 'core.rogue.checks', 'core.rogue.config', 'core.rogue.detector', 'core.rogue.facts', 'core.rogue.procfs',
          'core.rogue.rules', 'core.exe_hash', 'core.notify', 'core.textmatch', 'core.units'}
 AT_MOST = {
-    'gpu_facts': SNAPSHOT,
+    # and what gpufleet did to the node lately (core.disruption: two small files; Slurm asked only where slurmd runs)
+    'gpu_facts': SNAPSHOT | {'core.disruption'},
     # the selection, the killer and the audit log; the rogue detector (rogue=true is the fleet's common call)
-    'gpu_kill': SNAPSHOT | ROGUE | {'core.reclaim', 'core.select', 'core.killer', 'core.audit_log'},
+    # and the one kill order of max_kills (core.blast: pure, the fleet limit's; issue #30)
+    'gpu_kill': SNAPSHOT | ROGUE | {'core.reclaim', 'core.select', 'core.killer', 'core.audit_log', 'core.blast'},
     'gpu_audit': SNAPSHOT | ROGUE,
 }
 # imported only by the calls that use them

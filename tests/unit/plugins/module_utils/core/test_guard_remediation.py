@@ -29,6 +29,14 @@ remediation:
 '''
 
 
+@pytest.fixture(autouse=True)
+def no_scheduler_here(monkeypatch):
+    """The ladder in these ticks drains through its hook: a slurmd this machine runs (another test's simulated fleet)
+    is not the test's, and its Slurm is not asked (the partition check, core/budget.py)."""
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import remediate
+    monkeypatch.setattr(remediate, 'scheduler_daemon', lambda: None)
+
+
 def test_the_section_is_off_unless_enabled_and_validated_field_by_field():
     assert P.parse_policy({}).remediation.enabled is False
     assert P.parse_policy({'remediation': True}).remediation.enabled is True
@@ -48,11 +56,31 @@ def test_the_section_is_off_unless_enabled_and_validated_field_by_field():
     ({'verify_timeout': 60}, 'remediation.verify_timeout', ''),
     ({'node_name': 'a b'}, 'remediation.node_name', 'node name'),
     ({'bogus': 1}, 'remediation.bogus', 'unknown key'),
+    ({'max_resets': -1}, 'remediation.max_resets', 'whole number'),
+    ({'max_resets': 101}, 'remediation.max_resets', 'from 0 to 100'),
+    ({'max_resets': 'two'}, 'remediation.max_resets', 'whole number'),
+    ({'window': '0s'}, 'remediation.window', 'more than 0'),
+    ({'window': '8d'}, 'remediation.window', 'at most 7d'),
+    ({'window': 3600}, 'remediation.window', 'unit'),
+    ({'max_drained_pct': 150}, 'remediation.max_drained_pct', 'percentage from 0 to 100'),
+    ({'max_drained_pct': -1}, 'remediation.max_drained_pct', 'percentage from 0 to 100'),
+    ({'max_drained_pct': 'half'}, 'remediation.max_drained_pct', 'percentage'),
 ])
 def test_an_invalid_section_names_the_field(section, field, why):
     with pytest.raises(P.PolicyError) as exc:
         P.parse_policy({'remediation': section})
     assert field in str(exc.value) and why in str(exc.value)
+
+
+def test_the_budget_keys_default_to_2_resets_per_24h_and_half_a_partition_and_reach_the_ladder(tmp_path):
+    from ansible_collections.gpufleet.reclaim.plugins.module_utils.core import guard
+    section = P.parse_policy({'remediation': True}).remediation
+    assert (section.max_resets, section.window, section.max_drained_pct) == (2, 86400.0, 50.0)
+    policy = P.parse_policy({'remediation': {'max_resets': 1, 'window': '6h', 'max_drained_pct': 25}})
+    budget = guard.remediation_options(policy, guard.Paths(root=str(tmp_path))).budget
+    assert budget.to_dict() == {'max_resets': 1, 'window_s': 21600.0, 'max_drained_pct': 25.0}
+    assert budget.fields == ('remediation.max_resets', 'remediation.window', 'remediation.max_drained_pct')
+    assert 'remediation.max_resets 1' in budget.reset_refusal([{'action': 'reset', 'gpu': 'g', 'time': 100.0}], 'g', 200.0)
 
 
 def remediation_records(node):

@@ -52,7 +52,7 @@ def slow_node():
 def run(sim, check_mode=False, snapshot=None, **kwargs):
     """reclaim() on ``sim``: Selector keywords plus ReclaimOptions keywords (short timeouts)."""
     option_names = ('signal', 'timeout', 'force', 'tree', 'release_timeout', 'protect_names', 'protect_users',
-                    'audit_path', 'history_path', 'kill_timeout')
+                    'audit_path', 'history_path', 'kill_timeout', 'max_kills')
     options = dict((k, kwargs.pop(k)) for k in list(kwargs) if k in option_names)
     options.setdefault('timeout', 5)
     options.setdefault('release_timeout', 5)
@@ -126,6 +126,32 @@ def test_many_processes_are_signalled_together(node):
     stubborn = [e for e in result['killed'] if e['signals'] == ['SIGTERM', 'SIGKILL']]
     assert len(stubborn) == 10
     assert result['freed_mib'] == {'0': sum(100 + i for i in range(0, 20, 2)), '1': sum(100 + i for i in range(1, 20, 2))}
+
+
+def test_max_kills_signals_the_largest_first_and_holds_the_rest_with_a_family_whole(node):
+    """The blast-radius limit's share of a node (issue #30): whole families in the kill order (most GPU memory first)."""
+    small = [node.spawn(1, 100 + i) for i in range(3)]     # 100, 101, 102 MiB
+    parent = node.spawn(0, 4096, children=2)
+    big = node.spawn(1, 2048)
+    kids = node.child_pids(parent)
+    everything = sorted(small + [parent, big])
+    plan_ = run(node, check_mode=True, pids=everything, max_kills=4)      # check mode predicts the same
+    assert pids(plan_['killed']) == sorted([parent, big] + kids) and pids(plan_['held']) == sorted(small)
+    done = run(node, pids=everything, max_kills=4)
+    assert pids(done['killed']) == sorted([parent, big] + kids) and pids(done['held']) == sorted(small)
+    assert all(e['reason'] == 'held: blast-radius limit (max_kills=4 on this node in this run)' and e['signals'] == []
+               for e in done['held'])
+    assert all(node.entry(pid)['alive'] for pid in small) and '3 held by max_kills=4' in done['msg']
+    rest = run(node, check_mode=True, pids=small, max_kills=2)
+    assert pids(rest['killed']) == sorted(small[1:]) and pids(rest['held']) == [small[0]]
+    assert run(node, check_mode=True, pids=small, max_kills=0)['killed'] == []
+    # a family of 3 does not fit in 2: it and everything after it are held, so the order stays the worst first
+    family = node.spawn(0, 500, children=2)
+    both = run(node, check_mode=True, pids=[family, small[0]], max_kills=2)
+    assert both['killed'] == [] and pids(both['held']) == sorted([family, small[0]] + node.child_pids(family))
+    with pytest.raises(InvalidArgument) as exc:
+        ReclaimOptions(max_kills=-1)
+    assert exc.value.field == 'max_kills'
 
 
 # ---------------------------------------------------------------------------- trees and orphans

@@ -303,9 +303,12 @@ def test_slurm_drain_then_resume_once_health_reads_clean(node, tmp_path):
     scontrol, calls = recorder(tmp_path, 'scontrol')
     host = SimHost(node, actions={2: 'reboot'}, scontrol=scontrol)
     opts = options(tmp_path, node_name='gpu-node-7')
-    result = rem.remediate(opts, host, check_mode=True, scheduler='slurmd')
-    assert result['node']['drain']['status'] == 'would_run' and calls() == []
-    result = rem.remediate(opts, host, scheduler='slurmd')
+    # the partition check (core/budget.py) asks sinfo first: the node's partition has no node drained by gpufleet
+    from ansible_collections.gpufleet.reclaim.tests.unit.plugins.module_utils.core.test_budget import fake_sinfo
+    client, sinfo = fake_sinfo(tmp_path, [{'name': 'gpu-node-7', 'partitions': ['gpu']}, {'name': 'gpu-node-8', 'partitions': ['gpu']}])
+    result = rem.remediate(opts, host, check_mode=True, scheduler='slurmd', slurm_client=client)
+    assert result['node']['drain']['status'] == 'would_run' and calls() == [] and sinfo() == ['--json']
+    result = rem.remediate(opts, host, scheduler='slurmd', slurm_client=client)
     assert calls() == [['update', 'nodename=gpu-node-7', 'state=drain',
                         'reason=gpufleet: GPU 2 (%s): reboot wanted (the driver\'s recovery action is reboot)' % BUS[2]]]
     assert result['drained'] is True and statuses(result)[2] == [('drain', 'node_done'), ('reboot_flag', 'node_written')]
