@@ -53,9 +53,13 @@ sys.stdout.flush()
 signal.pause()
 '''
 # A process that holds DEVICE on fd 3 and keeps opening and closing descriptors 10..10+SPAN while it runs.
+# It raises its soft RLIMIT_NOFILE as HOLD does: ansible-test runs the units under a soft limit of 1024, where
+# dup2 to fd 1024 would end it (and the walks would read a zombie's empty table).
 CHURN = r'''
-import os, sys
+import os, resource, sys
 device, span = sys.argv[1], int(sys.argv[2])
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 gpu = os.open(device, os.O_RDONLY)
 assert gpu == 3, gpu
 null = os.open('/dev/null', os.O_RDONLY)
@@ -416,10 +420,12 @@ def test_a_process_opening_and_closing_descriptors_during_the_walk(children, dev
     pid = children.start(4000, os.path.join(dev, 'nvidia0'), code=CHURN)
     device = processes._device_matcher([dev])[1]
     for _walk in range(20):
+        assert children.procs[-1].poll() is None, 'the churning process ended (%r)' % children.procs[-1].returncode
         budget = fdwalk.FdBudget(descriptors=1500, seconds=None)
         walked = list(fdwalk.walk_fd_links('/proc', [pid], budget=budget))
         assert budget.used <= 1500 and len(walked) == 1
-        assert [target for target in walked[0][2] if device(target)] == [os.path.join(dev, 'nvidia0')]
+        assert [target for target in walked[0][2] if device(target)] == [os.path.join(dev, 'nvidia0')], \
+            (walked[0][1][:6], walked[0][2][:6], walked[0][3], children.procs[-1].poll())
         check = GpuProcess(pid=pid, status='running')
         assert processes.check_device_holding([check], dev_roots=[dev]) == [] and check.device_paths == [os.path.join(dev, 'nvidia0')]
 
